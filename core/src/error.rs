@@ -1,0 +1,98 @@
+//! Errors of the core. [`ThreadsError`] mirrors the WIT `threads-error` variant case for case
+//! (the host converts it one-to-one for plugins); [`CoreError`] covers the host- and
+//! person-facing operations (turns, due loop, send-now, outbox).
+
+use crate::model::RowId;
+
+/// Why a `threads` call was refused (WIT `threads-error`). Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ThreadsError {
+    /// No thread has this id.
+    #[error("no thread {0}")]
+    NoSuchThread(String),
+    /// The thread is not in `error`, or the request is not its latest request.
+    #[error("the thread has no failed turn with that request as its latest")]
+    NoFailedTurn,
+    /// The chain already has a live row (also while that row is being dispatched).
+    #[error("the chain already has live row {0}")]
+    AlreadyQueued(RowId),
+    /// No live row has this id.
+    #[error("no live row {0}")]
+    NoSuchRow(RowId),
+    /// The thread is archived.
+    #[error("the thread is archived")]
+    Archived,
+    /// An argument is invalid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The core's database failed. Transient.
+    #[error("core storage: {0}")]
+    Storage(String),
+}
+
+impl From<rusqlite::Error> for ThreadsError {
+    fn from(e: rusqlite::Error) -> Self {
+        ThreadsError::Storage(e.to_string())
+    }
+}
+
+/// Why a host- or person-facing core operation was refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoreError {
+    #[error("no thread {0}")]
+    NoSuchThread(String),
+    #[error("no turn request {0}")]
+    NoSuchRequest(String),
+    #[error("no live row {0}")]
+    NoSuchRow(RowId),
+    #[error("the thread is archived")]
+    Archived,
+    /// A turn is running on the thread; a second one may not start.
+    #[error("thread {0} is running a turn")]
+    ThreadBusy(String),
+    /// Send-now found no live retry row for the thread.
+    #[error("no pending retry exists for {0}")]
+    NoPendingRetry(String),
+    /// The claim is no longer valid: the row was rescheduled, cancelled, sent by a person or
+    /// released since it was claimed. The host must not dispatch it.
+    #[error("row {0} is no longer claimed by this dispatch")]
+    ClaimLost(RowId),
+    /// The request is not running (never started, or already finished).
+    #[error("turn request {0} is not running")]
+    NotRunning(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The core's database or data directory failed.
+    #[error("core storage: {0}")]
+    Storage(String),
+}
+
+impl From<rusqlite::Error> for CoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        CoreError::Storage(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for CoreError {
+    fn from(e: std::io::Error) -> Self {
+        CoreError::Storage(e.to_string())
+    }
+}
+
+impl From<ThreadsError> for CoreError {
+    fn from(e: ThreadsError) -> Self {
+        match e {
+            ThreadsError::NoSuchThread(t) => CoreError::NoSuchThread(t),
+            ThreadsError::NoSuchRow(r) => CoreError::NoSuchRow(r),
+            ThreadsError::Archived => CoreError::Archived,
+            ThreadsError::InvalidArgument(m) => CoreError::InvalidArgument(m),
+            ThreadsError::Storage(m) => CoreError::Storage(m),
+            ThreadsError::NoFailedTurn => {
+                CoreError::InvalidArgument("the thread has no failed latest turn".into())
+            }
+            ThreadsError::AlreadyQueued(r) => {
+                CoreError::InvalidArgument(format!("the chain already has live row {r}"))
+            }
+        }
+    }
+}

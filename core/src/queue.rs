@@ -1,0 +1,514 @@
+//! The durable retry queue: the WIT `threads` operations plugins call (`schedule-retry`,
+//! `reschedule`, `cancel`, `list-rows`) and the due loop the host drives.
+//!
+//! A row's wait state is `time` (waiting for `send_at`), `waiting-for-slot` (due, but the
+//! concurrency limit was full) or `claimed` (handed to the host for its `before-dispatch`
+//! gate). The due loop is:
+//!
+//! ```text
+//! claim_due(now) ──► host asks the plugin's before-dispatch ──┬─ proceed    ─► dispatch(claim)
+//!                                                              ├─ wait-until ─► postpone(claim, t)
+//!                                                              └─ drop       ─► drop_row(claim, why)
+//! ```
+//!
+//! Exactly once: `dispatch` creates the turn request and deletes the row in one
+//! transaction, guarded by the claim's generation. A claimed row is still a live row (so the
+//! chain cannot get a second one), and a row a crash left claimed is released by
+//! [`Core::recover`] and gated again; since the row still exists, its dispatch never
+//! committed.
+
+use rusqlite::{Transaction, params};
+
+use crate::error::{CoreError, ThreadsError};
+use crate::ids;
+use crate::model::*;
+use crate::store::{self, Actor, Core, LiveRow};
+use crate::threads::{CONTINUE_INPUT, start_request};
+
+/// The longest `reason` a row may carry, in characters.
+pub const MAX_REASON_CHARS: usize = 200;
+
+/// A due row handed to the host for its dispatch gate. Only the holder of the current claim
+/// can dispatch, postpone or drop it; any change to the row in between voids the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub row: QueuedRow,
+    generation: u64,
+}
+
+fn validate_reason(reason: &str) -> Result<(), ThreadsError> {
+    let chars = reason.chars().count();
+    if chars == 0 || chars > MAX_REASON_CHARS {
+        return Err(ThreadsError::InvalidArgument(format!(
+            "reason must be 1–{MAX_REASON_CHARS} characters, got {chars}"
+        )));
+    }
+    Ok(())
+}
+
+fn live_row(tx: &Transaction<'_>, id: RowId) -> Result<LiveRow, ThreadsError> {
+    store::load_row(tx, id)?.ok_or(ThreadsError::NoSuchRow(id))
+}
+
+/// The row behind `claim`, if the claim is still the current one.
+fn claimed_row(tx: &Transaction<'_>, claim: &Claim) -> Result<LiveRow, CoreError> {
+    let live = store::load_row(tx, claim.row.id)?.ok_or(CoreError::ClaimLost(claim.row.id))?;
+    if live.wait_state != "claimed" || live.claim_gen != claim.generation {
+        return Err(CoreError::ClaimLost(claim.row.id));
+    }
+    Ok(live)
+}
+
+impl Core {
+    /// `threads.schedule-retry`: queues a retry of `failed_request` at `send_at`.
+    ///
+    /// Refused with `no-failed-turn` unless the thread is in `error` and `failed_request` is
+    /// its latest request; with `already-queued(row)` while the chain has a live row (also
+    /// while that row is claimed for dispatch). The row's attempt is the failed attempt + 1.
+    /// Concurrent calls for one chain, from any number of connections, create one row: the
+    /// check runs in an immediate transaction, and a UNIQUE index on the chain backs it.
+    pub fn schedule_retry(
+        &self,
+        thread: &str,
+        failed_request: &str,
+        send_at: Timestamp,
+        reason: &str,
+    ) -> Result<QueuedRow, ThreadsError> {
+        validate_reason(reason)?;
+        let now = self.now();
+        let result = self.write(|tx| {
+            let t = store::load_thread(tx, thread)?
+                .ok_or_else(|| ThreadsError::NoSuchThread(thread.to_string()))?;
+            if t.archived {
+                return Err(ThreadsError::Archived);
+            }
+            if t.status != ThreadStatus::Error
+                || store::latest_request(tx, thread)?.as_deref() != Some(failed_request)
+            {
+                return Err(ThreadsError::NoFailedTurn);
+            }
+            let failed =
+                store::load_request(tx, failed_request)?.ok_or(ThreadsError::NoFailedTurn)?;
+            if let Some(existing) = existing_row(tx, &failed.original_request)? {
+                return Err(ThreadsError::AlreadyQueued(existing));
+            }
+            let inserted = tx.execute(
+                "INSERT INTO queued_rows (thread_id, original_request, failed_request, attempt,
+                                          send_at, reason, wait_state, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'time', ?7, ?7)",
+                params![
+                    thread,
+                    failed.original_request,
+                    failed_request,
+                    failed.attempt + 1,
+                    send_at,
+                    reason,
+                    now
+                ],
+            );
+            match inserted {
+                Ok(_) => {}
+                Err(e) if is_unique_violation(&e) => {
+                    let existing = existing_row(tx, &failed.original_request)?;
+                    return Err(existing.map_or(
+                        ThreadsError::Storage(e.to_string()),
+                        ThreadsError::AlreadyQueued,
+                    ));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let id = tx.last_insert_rowid() as RowId;
+            store::add_history(
+                tx,
+                now,
+                thread,
+                Some(id),
+                Some(&failed.original_request),
+                Actor::Plugin,
+                "scheduled",
+                Some(send_at),
+                Some(reason),
+            )?;
+            Ok(live_row(tx, id)?.row)
+        });
+        if let Ok(row) = &result {
+            tracing::info!(
+                thread,
+                row = row.id,
+                attempt = row.attempt,
+                send_at,
+                "retry scheduled"
+            );
+        }
+        result
+    }
+
+    /// `threads.reschedule`: moves a live row to `send_at`. Spends no attempt, creates no
+    /// row. A row claimed for dispatch is taken back (its claim is void), so the move wins
+    /// over a dispatch that has not committed yet.
+    pub fn reschedule(
+        &self,
+        row: RowId,
+        send_at: Timestamp,
+        reason: &str,
+    ) -> Result<QueuedRow, ThreadsError> {
+        validate_reason(reason)?;
+        let now = self.now();
+        self.write(|tx| {
+            let live = live_row(tx, row)?;
+            tx.execute(
+                "UPDATE queued_rows SET send_at = ?2, reason = ?3, wait_state = 'time',
+                        claim_gen = claim_gen + 1, claimed_at = NULL, updated_at = ?4
+                 WHERE id = ?1",
+                params![row, send_at, reason, now],
+            )?;
+            store::add_history(
+                tx,
+                now,
+                &live.row.thread,
+                Some(row),
+                Some(&live.row.original_request),
+                Actor::Plugin,
+                "rescheduled",
+                Some(send_at),
+                Some(&format!("{} → {send_at}: {reason}", live.row.send_at)),
+            )?;
+            Ok(live_row(tx, row)?.row)
+        })
+    }
+
+    /// `threads.cancel`: removes a live row without dispatching it.
+    pub fn cancel(&self, row: RowId, reason: &str) -> Result<(), ThreadsError> {
+        validate_reason(reason)?;
+        let now = self.now();
+        self.write(|tx| {
+            let live = live_row(tx, row)?;
+            tx.execute("DELETE FROM queued_rows WHERE id = ?1", [row])?;
+            store::add_history(
+                tx,
+                now,
+                &live.row.thread,
+                Some(row),
+                Some(&live.row.original_request),
+                Actor::Plugin,
+                "cancelled",
+                Some(live.row.send_at),
+                Some(reason),
+            )?;
+            Ok(())
+        })
+    }
+
+    /// `threads.list-rows`: the live rows of one thread, or of all, ordered by send time.
+    pub fn list_rows(&self, thread: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError> {
+        self.read(|c| {
+            if let Some(t) = thread
+                && store::load_thread(c, t)?.is_none()
+            {
+                return Err(ThreadsError::NoSuchThread(t.to_string()));
+            }
+            Ok(store::list_rows(c, thread)?)
+        })
+    }
+
+    /// The earliest `send_at` of a row waiting for its time, for the host's due-loop sleep.
+    /// Rows waiting for a slot are not included: they are due already, and become
+    /// claimable when a turn finishes.
+    pub fn next_due_at(&self) -> Result<Option<Timestamp>, CoreError> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT MIN(send_at) FROM queued_rows WHERE wait_state = 'time'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+    }
+
+    /// Claims the rows whose time has come (`send_at <= now`, or already waiting for a
+    /// slot), oldest send time first, at most one per thread, skipping archived threads and
+    /// threads running a turn. Each claim takes a concurrency slot (running turns + claimed
+    /// rows ≤ limit); a due row that meets a full limit is marked waiting-for-slot and
+    /// claimed by a later call. The host must then ask `before-dispatch` and answer with
+    /// [`Core::dispatch`], [`Core::postpone`] or [`Core::drop_row`].
+    pub fn claim_due(&self, now: Timestamp) -> Result<Vec<Claim>, CoreError> {
+        self.write(|tx| {
+            let limit = store::concurrency_limit(tx)?;
+            let mut free = limit.saturating_sub(store::busy_slots(tx)?);
+            let due: Vec<LiveRow> = {
+                let mut stmt = tx.prepare(&format!(
+                    "SELECT {} FROM queued_rows q JOIN threads t ON t.id = q.thread_id
+                     WHERE q.wait_state != 'claimed'
+                       AND (q.send_at <= ?1 OR q.wait_state = 'waiting-for-slot')
+                       AND t.archived = 0 AND t.status != 'active'
+                       AND NOT EXISTS (SELECT 1 FROM queued_rows c
+                                       WHERE c.thread_id = q.thread_id
+                                         AND c.wait_state = 'claimed')
+                     ORDER BY q.send_at, q.id",
+                    prefixed_row_columns()
+                ))?;
+                stmt.query_map([now], store::live_row_from)?
+                    .collect::<Result<_, _>>()?
+            };
+            let mut claims = Vec::new();
+            let mut claimed_threads = std::collections::HashSet::new();
+            for live in due {
+                if claimed_threads.contains(&live.row.thread) {
+                    continue;
+                }
+                if free == 0 {
+                    if live.wait_state != "waiting-for-slot" {
+                        tx.execute(
+                            "UPDATE queued_rows SET wait_state = 'waiting-for-slot', updated_at = ?2
+                             WHERE id = ?1",
+                            params![live.row.id, now],
+                        )?;
+                        store::add_history(
+                            tx,
+                            now,
+                            &live.row.thread,
+                            Some(live.row.id),
+                            Some(&live.row.original_request),
+                            Actor::Core,
+                            "waiting-for-slot",
+                            Some(live.row.send_at),
+                            Some(&format!("{limit} of {limit} turns running")),
+                        )?;
+                    }
+                    continue;
+                }
+                let generation = live.claim_gen + 1;
+                tx.execute(
+                    "UPDATE queued_rows SET wait_state = 'claimed', claim_gen = ?2,
+                            claimed_at = ?3, updated_at = ?3
+                     WHERE id = ?1",
+                    params![live.row.id, generation, now],
+                )?;
+                free -= 1;
+                claimed_threads.insert(live.row.thread.clone());
+                let mut row = live.row;
+                row.waiting_for_slot = false;
+                claims.push(Claim { row, generation });
+            }
+            Ok(claims)
+        })
+    }
+
+    /// `proceed`: turns the claimed row into the chain's next turn request (attempt n + 1,
+    /// the failed request's input — or "Please continue." when the provider had accepted
+    /// it) and deletes the row, in one transaction. Returns the turn to run.
+    ///
+    /// Fails with `ClaimLost` when the row changed since the claim (nothing happens),
+    /// `Archived` when the thread was archived meanwhile (the row is dropped), `ThreadBusy`
+    /// when a turn started on the thread meanwhile (the row goes back to the queue).
+    pub fn dispatch(&self, claim: &Claim) -> Result<TurnPlan, CoreError> {
+        let now = self.now();
+        // Refusals that change the row must commit, so they are returned as values here
+        // and turned into errors after the transaction.
+        let outcome = self.write(|tx| -> Result<Result<TurnPlan, CoreError>, CoreError> {
+            let live = claimed_row(tx, claim)?;
+            let thread = store::load_thread(tx, &live.row.thread)?
+                .ok_or_else(|| CoreError::NoSuchThread(live.row.thread.clone()))?;
+            if thread.archived {
+                tx.execute("DELETE FROM queued_rows WHERE id = ?1", [live.row.id])?;
+                store::add_history(
+                    tx,
+                    now,
+                    &live.row.thread,
+                    Some(live.row.id),
+                    Some(&live.row.original_request),
+                    Actor::Core,
+                    "dropped",
+                    Some(live.row.send_at),
+                    Some("thread archived"),
+                )?;
+                return Ok(Err(CoreError::Archived));
+            }
+            if thread.status == ThreadStatus::Active {
+                tx.execute(
+                    "UPDATE queued_rows SET wait_state = 'time', claim_gen = claim_gen + 1,
+                            claimed_at = NULL, updated_at = ?2 WHERE id = ?1",
+                    params![live.row.id, now],
+                )?;
+                return Ok(Err(CoreError::ThreadBusy(thread.id)));
+            }
+            let plan = dispatch_row(tx, &live, TurnTrigger::Retry, Actor::Core, now)?;
+            Ok(Ok(plan))
+        })?;
+        let plan = outcome?;
+        tracing::info!(
+            thread = %plan.thread,
+            request = %plan.request,
+            attempt = plan.attempt,
+            "retry dispatched"
+        );
+        Ok(plan)
+    }
+
+    /// `wait-until(t)`: moves the claimed row to `until` and back to waiting for its time.
+    /// No attempt is spent.
+    pub fn postpone(
+        &self,
+        claim: &Claim,
+        until: Timestamp,
+        reason: &str,
+    ) -> Result<QueuedRow, CoreError> {
+        let now = self.now();
+        self.write(|tx| {
+            let live = claimed_row(tx, claim)?;
+            tx.execute(
+                "UPDATE queued_rows SET send_at = ?2, wait_state = 'time',
+                        claim_gen = claim_gen + 1, claimed_at = NULL, updated_at = ?3
+                 WHERE id = ?1",
+                params![live.row.id, until, now],
+            )?;
+            store::add_history(
+                tx,
+                now,
+                &live.row.thread,
+                Some(live.row.id),
+                Some(&live.row.original_request),
+                Actor::Plugin,
+                "postponed",
+                Some(until),
+                Some(reason),
+            )?;
+            Ok(live_row(tx, live.row.id)?.row)
+        })
+    }
+
+    /// `drop(reason)`: removes the claimed row without dispatching it.
+    pub fn drop_row(&self, claim: &Claim, reason: &str) -> Result<(), CoreError> {
+        let now = self.now();
+        self.write(|tx| {
+            let live = claimed_row(tx, claim)?;
+            tx.execute("DELETE FROM queued_rows WHERE id = ?1", [live.row.id])?;
+            store::add_history(
+                tx,
+                now,
+                &live.row.thread,
+                Some(live.row.id),
+                Some(&live.row.original_request),
+                Actor::Plugin,
+                "dropped",
+                Some(live.row.send_at),
+                Some(reason),
+            )?;
+            Ok(())
+        })
+    }
+
+    /// A person's send-now: dispatches the thread's live retry row at once, bypassing its
+    /// send time, the concurrency limit and every `before-dispatch` gate, and records it in
+    /// the history. It does not bypass the core's own waits: an archived thread or one
+    /// running a turn is refused. A claim the host holds on the row becomes void.
+    pub fn send_now(&self, thread: &str, now: Timestamp) -> Result<TurnPlan, CoreError> {
+        let plan = self.write(|tx| {
+            let t = store::load_thread(tx, thread)?
+                .ok_or_else(|| CoreError::NoSuchThread(thread.to_string()))?;
+            if t.archived {
+                return Err(CoreError::Archived);
+            }
+            let live = tx
+                .query_row(
+                    &format!(
+                        "SELECT {} FROM queued_rows WHERE thread_id = ?1
+                         ORDER BY send_at, id LIMIT 1",
+                        store::ROW_COLUMNS
+                    ),
+                    [thread],
+                    store::live_row_from,
+                )
+                .map_err(|e| match e {
+                    rusqlite::Error::QueryReturnedNoRows => {
+                        CoreError::NoPendingRetry(thread.to_string())
+                    }
+                    e => e.into(),
+                })?;
+            if t.status == ThreadStatus::Active {
+                return Err(CoreError::ThreadBusy(thread.to_string()));
+            }
+            dispatch_row(tx, &live, TurnTrigger::SendNow, Actor::Person, now)
+        })?;
+        tracing::info!(thread, request = %plan.request, attempt = plan.attempt, "retry sent now by a person");
+        Ok(plan)
+    }
+}
+
+/// Creates the chain's next turn request from a live row, starts it, deletes the row.
+fn dispatch_row(
+    tx: &Transaction<'_>,
+    live: &LiveRow,
+    trigger: TurnTrigger,
+    actor: Actor,
+    now: Timestamp,
+) -> Result<TurnPlan, CoreError> {
+    let failed = store::load_request(tx, &live.row.failed_request)?
+        .ok_or_else(|| CoreError::NoSuchRequest(live.row.failed_request.clone()))?;
+    // The failed request's own input, not attempt 1's: when an earlier attempt of the chain
+    // was accepted, the failed one was already "Please continue.", and the original input
+    // is in the replayed history.
+    let input = if failed.input_accepted {
+        CONTINUE_INPUT.to_string()
+    } else {
+        failed.input.clone()
+    };
+    let request = ids::new_id("rq");
+    tx.execute(
+        "INSERT INTO turn_requests (id, thread_id, input, trigger, original_request, retry_of,
+                                    attempt, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![
+            request,
+            live.row.thread,
+            input,
+            trigger.as_str(),
+            live.row.original_request,
+            live.row.failed_request,
+            live.row.attempt,
+            now
+        ],
+    )?;
+    tx.execute("DELETE FROM queued_rows WHERE id = ?1", [live.row.id])?;
+    store::add_history(
+        tx,
+        now,
+        &live.row.thread,
+        Some(live.row.id),
+        Some(&live.row.original_request),
+        actor,
+        if trigger == TurnTrigger::SendNow {
+            "send-now"
+        } else {
+            "dispatched"
+        },
+        Some(live.row.send_at),
+        Some(&format!("attempt {} as {request}", live.row.attempt)),
+    )?;
+    start_request(tx, &live.row.thread, &request, now)
+}
+
+fn existing_row(tx: &Transaction<'_>, original_request: &str) -> rusqlite::Result<Option<RowId>> {
+    use rusqlite::OptionalExtension;
+    tx.query_row(
+        "SELECT id FROM queued_rows WHERE original_request = ?1",
+        [original_request],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+    )
+}
+
+fn prefixed_row_columns() -> String {
+    store::ROW_COLUMNS
+        .split(", ")
+        .map(|c| format!("q.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,271 @@
+//! Rate-limit snapshots read from provider response headers: Anthropic's unified
+//! subscription headers (`anthropic-ratelimit-unified-*`) and Codex's window headers
+//! (`x-codex-primary-*`, `x-codex-secondary-*`). The core keeps the latest snapshot per
+//! provider and puts it in every `turn-failed` event; it may be stale or describe another
+//! account, which is why plugins prefer the pool's availability when a thread is routed.
+
+use std::collections::BTreeMap;
+
+use hyper::HeaderMap;
+
+use crate::model::{LimitKind, LimitStatus, LimitWindow, Provider, RateLimitSnapshot, Timestamp};
+
+const CLAUDE_PREFIX: &str = "anthropic-ratelimit-unified-";
+
+/// The snapshot the headers describe, or `None` when they carry no rate-limit state.
+pub fn snapshot_from_headers(
+    provider: Provider,
+    headers: &HeaderMap,
+    now: Timestamp,
+) -> Option<RateLimitSnapshot> {
+    match provider {
+        Provider::Claude => claude_snapshot(headers, now),
+        Provider::Codex => codex_snapshot(headers, now),
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+fn claude_status(text: &str) -> LimitStatus {
+    match text {
+        "allowed" => LimitStatus::Allowed,
+        "allowed_warning" => LimitStatus::Warning,
+        "rejected" => LimitStatus::Blocked,
+        _ => LimitStatus::Unknown,
+    }
+}
+
+fn worst(statuses: impl Iterator<Item = LimitStatus>) -> LimitStatus {
+    let rank = |s: LimitStatus| match s {
+        LimitStatus::Blocked => 3,
+        LimitStatus::Warning => 2,
+        LimitStatus::Allowed => 1,
+        LimitStatus::Unknown => 0,
+    };
+    statuses
+        .max_by_key(|s| rank(*s))
+        .unwrap_or(LimitStatus::Unknown)
+}
+
+fn epoch_seconds_to_ms(text: &str) -> Option<Timestamp> {
+    let s: f64 = text.parse().ok()?;
+    (s.is_finite() && s >= 0.0).then_some((s * 1000.0) as Timestamp)
+}
+
+fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapshot> {
+    // Window keys (`5h`, `7d`, `7d_opus`, …) from `<prefix><key>-<field>` header names.
+    let mut windows: BTreeMap<String, LimitWindow> = BTreeMap::new();
+    for name in headers.keys() {
+        let Some(rest) = name.as_str().strip_prefix(CLAUDE_PREFIX) else {
+            continue;
+        };
+        let Some((key, field)) = rest.rsplit_once('-') else {
+            continue;
+        };
+        // `overage-status` and friends describe extra usage, not a window.
+        if !matches!(field, "status" | "reset" | "utilization")
+            || key == "overage"
+            || key.contains('-')
+        {
+            continue;
+        }
+        let value = header(headers, name.as_str()).unwrap_or_default();
+        let window = windows
+            .entry(key.to_string())
+            .or_insert_with(|| LimitWindow {
+                key: Some(key.to_string()),
+                label: None,
+                status: LimitStatus::Unknown,
+                resets_at: None,
+                utilization: None,
+            });
+        match field {
+            "status" => window.status = claude_status(value),
+            "reset" => window.resets_at = epoch_seconds_to_ms(value),
+            _ => window.utilization = value.parse::<f64>().ok().map(|u| u.clamp(0.0, 1.0)),
+        }
+    }
+    let overall = header(headers, &format!("{CLAUDE_PREFIX}status")).map(claude_status);
+    if windows.is_empty() && overall.is_none() {
+        return None;
+    }
+    let mut status = overall.unwrap_or_else(|| worst(windows.values().map(|w| w.status)));
+    let mut kind = LimitKind::SubscriptionWindow;
+    // Extra usage (overage) keeps serving past a rejected window: not a hard block then.
+    if status == LimitStatus::Blocked {
+        match header(headers, &format!("{CLAUDE_PREFIX}overage-status")) {
+            Some("allowed") => {
+                status = LimitStatus::Allowed;
+                kind = LimitKind::Credits;
+            }
+            Some("allowed_warning") => {
+                status = LimitStatus::Warning;
+                kind = LimitKind::Credits;
+            }
+            _ => {}
+        }
+    }
+    let reached_reason = (status == LimitStatus::Blocked)
+        .then(|| header(headers, &format!("{CLAUDE_PREFIX}representative-claim")))
+        .flatten()
+        .map(str::to_string);
+    let mut windows: Vec<LimitWindow> = windows.into_values().collect();
+    // Short windows first, as people read them.
+    windows.sort_by_key(|w| match w.key.as_deref() {
+        Some("5h") => 0,
+        Some("7d") => 1,
+        _ => 2,
+    });
+    Some(RateLimitSnapshot {
+        provider: Provider::Claude,
+        status,
+        kind,
+        windows,
+        reached_reason,
+        observed_at: now,
+    })
+}
+
+fn window_label(minutes: u64) -> String {
+    if minutes.is_multiple_of(24 * 60) {
+        format!("{}d", minutes / (24 * 60))
+    } else if minutes.is_multiple_of(60) {
+        format!("{}h", minutes / 60)
+    } else {
+        format!("{minutes}m")
+    }
+}
+
+fn codex_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapshot> {
+    let mut windows = Vec::new();
+    for slot in ["primary", "secondary"] {
+        let field = |f: &str| header(headers, &format!("x-codex-{slot}-{f}"));
+        let used = field("used-percent").and_then(|v| v.parse::<f64>().ok());
+        let minutes = field("window-minutes").and_then(|v| v.parse::<u64>().ok());
+        let resets_at = field("reset-at").and_then(epoch_seconds_to_ms).or_else(|| {
+            field("reset-after-seconds")
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(|s| now + (s * 1000.0) as Timestamp)
+        });
+        let over_limit = field("over-limit").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if used.is_none() && minutes.is_none() && resets_at.is_none() && !over_limit {
+            continue;
+        }
+        let utilization = used.map(|u| (u / 100.0).clamp(0.0, 1.0));
+        let status = if over_limit || utilization.is_some_and(|u| u >= 1.0) {
+            LimitStatus::Blocked
+        } else if utilization.is_some() {
+            LimitStatus::Allowed
+        } else {
+            LimitStatus::Unknown
+        };
+        windows.push(LimitWindow {
+            key: Some(slot.to_string()),
+            label: minutes.map(window_label),
+            status,
+            resets_at,
+            utilization,
+        });
+    }
+    if windows.is_empty() {
+        return None;
+    }
+    let status = worst(windows.iter().map(|w| w.status));
+    Some(RateLimitSnapshot {
+        provider: Provider::Codex,
+        status,
+        kind: LimitKind::SubscriptionWindow,
+        reached_reason: (status == LimitStatus::Blocked).then(|| "usage limit reached".to_string()),
+        windows,
+        observed_at: now,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::{HeaderName, HeaderValue};
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn claude_unified_headers_give_one_window_per_key() {
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-status", "rejected"),
+            ("anthropic-ratelimit-unified-5h-status", "rejected"),
+            ("anthropic-ratelimit-unified-5h-reset", "1790003600"),
+            ("anthropic-ratelimit-unified-5h-utilization", "1.02"),
+            ("anthropic-ratelimit-unified-7d-status", "allowed"),
+            ("anthropic-ratelimit-unified-7d-utilization", "0.4"),
+            (
+                "anthropic-ratelimit-unified-representative-claim",
+                "five_hour",
+            ),
+        ]);
+        let s = snapshot_from_headers(Provider::Claude, &h, 7).unwrap();
+        assert_eq!(s.status, LimitStatus::Blocked);
+        assert_eq!(s.kind, LimitKind::SubscriptionWindow);
+        assert_eq!(s.reached_reason.as_deref(), Some("five_hour"));
+        assert_eq!(s.observed_at, 7);
+        assert_eq!(s.windows.len(), 2);
+        assert_eq!(s.windows[0].key.as_deref(), Some("5h"));
+        assert_eq!(s.windows[0].resets_at, Some(1_790_003_600_000));
+        assert_eq!(s.windows[0].utilization, Some(1.0));
+        assert_eq!(s.windows[1].status, LimitStatus::Allowed);
+    }
+
+    #[test]
+    fn claude_rejection_with_overage_allowed_is_not_a_block() {
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-status", "rejected"),
+            ("anthropic-ratelimit-unified-overage-status", "allowed"),
+        ]);
+        let s = snapshot_from_headers(Provider::Claude, &h, 0).unwrap();
+        assert_eq!(
+            (s.status, s.kind),
+            (LimitStatus::Allowed, LimitKind::Credits)
+        );
+    }
+
+    #[test]
+    fn responses_without_rate_limit_headers_give_no_snapshot() {
+        let h = headers(&[("content-type", "text/event-stream")]);
+        assert_eq!(snapshot_from_headers(Provider::Claude, &h, 0), None);
+        assert_eq!(snapshot_from_headers(Provider::Codex, &h, 0), None);
+    }
+
+    #[test]
+    fn codex_window_headers_give_primary_and_secondary_windows() {
+        let h = headers(&[
+            ("x-codex-primary-used-percent", "100"),
+            ("x-codex-primary-window-minutes", "300"),
+            ("x-codex-primary-reset-after-seconds", "60"),
+            ("x-codex-secondary-used-percent", "35.5"),
+            ("x-codex-secondary-window-minutes", "10080"),
+            ("x-codex-secondary-reset-at", "1790600000"),
+        ]);
+        let s = snapshot_from_headers(Provider::Codex, &h, 1_000).unwrap();
+        assert_eq!(s.status, LimitStatus::Blocked);
+        assert_eq!(s.windows[0].label.as_deref(), Some("5h"));
+        assert_eq!(s.windows[0].resets_at, Some(61_000));
+        assert_eq!(s.windows[1].label.as_deref(), Some("7d"));
+        assert_eq!(s.windows[1].status, LimitStatus::Allowed);
+        assert_eq!(s.windows[1].utilization, Some(0.355));
+        assert_eq!(s.windows[1].resets_at, Some(1_790_600_000_000));
+    }
+}
