@@ -1,1 +1,38 @@
-//! (being written)
+//! Account Pooler: a session-affine, quota-aware HTTP proxy over a pool of Claude and
+//! Codex accounts, built as a WebAssembly component (world `account-pool`).
+//!
+//! The decisions are plain Rust, unit-tested natively; state lives only in SQLite through
+//! [`pooler_plugin_kit::Db`]; the proxy engine reaches the outside world through small
+//! traits ([`engine::Upstream`], [`engine::Clock`], [`engine::Random`]); the component glue
+//! (`component`, wasm32 only) adapts WIT types and wasi:http to them.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`model`] | providers, families, credentials, statuses, availability vocabulary |
+//! | [`http`] | headers, served routes, upstream URLs, header allow-lists, error shapes |
+//! | [`session`] | session keys (Claude, Codex) and model family of a request |
+//! | [`quota`] | rate-limit header and usage parsing, windows, blocking resets |
+//! | [`policy`] | eligibility tiers, status, choice, outcome table, commit rule, verdict |
+//! | [`settings`] | setting keys, defaults, validation |
+//! | [`oauth`] | refresh decisions, token endpoint shapes, login files |
+//! | [`token`] | route tokens: generation, hashing, constant-time compare |
+//! | [`store`] | the SQLite schema and every read and write |
+//! | [`engine`] | the proxy's attempt loop over the traits |
+//! | [`stream`] | the streaming relay with the SSE error event |
+//! | [`admin`] | accounts, routes, settings, availability and maintenance operations |
+
+pub mod admin;
+pub mod engine;
+pub mod http;
+pub mod model;
+pub mod oauth;
+pub mod policy;
+pub mod quota;
+pub mod session;
+pub mod settings;
+pub mod store;
+pub mod stream;
+pub mod token;
+
+#[cfg(target_arch = "wasm32")]
+mod component;

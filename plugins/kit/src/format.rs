@@ -36,7 +36,7 @@ pub fn format_duration_ms(ms: u64) -> String {
         return "0s".to_owned();
     }
     for (factor, unit) in UNITS {
-        if ms % factor == 0 {
+        if ms.is_multiple_of(factor) {
             return format!("{}{unit}", ms / factor);
         }
     }

@@ -1,0 +1,712 @@
+//! The component glue (wasm32 only): WIT bindings for world `account-pool-core`, the
+//! wasi:http incoming handler (wstd), and adapters from WIT types and host imports to the
+//! plain Rust engine and operations. It holds no state and decides nothing: every call
+//! opens the database, runs the plain code, converts the result, and delivers pending
+//! availability signals. No host call is unwrapped; every failure becomes a WIT error
+//! case or the pool's own HTTP error response.
+
+mod bindings {
+    wit_bindgen::generate!({
+        world: "account-pool-core",
+        path: "../../wit",
+        generate_all,
+    });
+}
+
+use crate::admin::{self, Admin, NewAccount};
+use crate::engine::{
+    self, Clock, Engine, IncomingRequest, Level, Log, Random, TransportError, Upstream,
+    UpstreamRequest, UpstreamResponse,
+};
+use crate::http::{Headers, PoolError};
+use crate::model::{self, Provider};
+use crate::store::Store;
+use crate::stream::BodyStream;
+use bindings::exports::pooler::plugins::{accounts, availability, maintenance, routing, settings};
+use bindings::pooler::plugins::{availability_listener, log as wit_log, sqlite, types};
+use pooler_plugin_kit::{Db, DbError, Rows, Value};
+use wstd::http::body::util::BodyExt as _;
+use wstd::http::{Body, Client, Request, Response};
+
+/// The pool's database file name (`pool.sqlite3` in the plugin's directory).
+const DATABASE: &str = "pool";
+
+// ---- host capabilities ------------------------------------------------------------------
+
+/// A [`Db`] over the WIT `sqlite.connection`.
+struct WitDb(sqlite::Connection);
+
+fn db_error(e: sqlite::Error) -> DbError {
+    match e {
+        sqlite::Error::InvalidName(n) => DbError::InvalidName(n),
+        sqlite::Error::TooManyConnections => DbError::TooManyConnections,
+        sqlite::Error::Busy => DbError::Busy,
+        sqlite::Error::Constraint(m) => DbError::Constraint(m),
+        sqlite::Error::InvalidStatement(m) => DbError::InvalidStatement(m),
+        sqlite::Error::Io(m) => DbError::Io(m),
+    }
+}
+
+fn to_wit(v: &Value) -> sqlite::Value {
+    match v {
+        Value::Null => sqlite::Value::Null,
+        Value::Integer(i) => sqlite::Value::Integer(*i),
+        Value::Real(f) => sqlite::Value::Real(*f),
+        Value::Text(s) => sqlite::Value::Text(s.clone()),
+        Value::Blob(b) => sqlite::Value::Blob(b.clone()),
+    }
+}
+
+fn from_wit(v: sqlite::Value) -> Value {
+    match v {
+        sqlite::Value::Null => Value::Null,
+        sqlite::Value::Integer(i) => Value::Integer(i),
+        sqlite::Value::Real(f) => Value::Real(f),
+        sqlite::Value::Text(s) => Value::Text(s),
+        sqlite::Value::Blob(b) => Value::Blob(b),
+    }
+}
+
+impl WitDb {
+    fn open() -> Result<Self, DbError> {
+        sqlite::Connection::open(DATABASE)
+            .map(WitDb)
+            .map_err(db_error)
+    }
+}
+
+impl Db for WitDb {
+    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let params: Vec<sqlite::Value> = params.iter().map(to_wit).collect();
+        self.0.execute(sql, &params).map_err(db_error)
+    }
+    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
+        self.0.execute_batch(sql).map_err(db_error)
+    }
+    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
+        let params: Vec<sqlite::Value> = params.iter().map(to_wit).collect();
+        let rows = self.0.query(sql, &params).map_err(db_error)?;
+        Ok(Rows {
+            columns: rows.columns,
+            rows: rows
+                .rows
+                .into_iter()
+                .map(|r| r.into_iter().map(from_wit).collect())
+                .collect(),
+        })
+    }
+    fn last_insert_rowid(&self) -> i64 {
+        self.0.last_insert_rowid()
+    }
+}
+
+/// The host clock, sleeping, random bytes and logging.
+struct WasiEnv;
+
+impl Clock for WasiEnv {
+    fn now(&self) -> u64 {
+        let t = bindings::wasi::clocks::wall_clock::now();
+        t.seconds
+            .saturating_mul(1000)
+            .saturating_add(u64::from(t.nanoseconds / 1_000_000))
+    }
+    async fn sleep(&self, ms: u64) {
+        wstd::task::sleep(wstd::time::Duration::from_millis(ms)).await;
+    }
+}
+
+impl Random for WasiEnv {
+    fn fill(&self, buf: &mut [u8]) {
+        let bytes = bindings::wasi::random::random::get_random_bytes(buf.len() as u64);
+        for (b, r) in buf.iter_mut().zip(bytes) {
+            *b = r;
+        }
+    }
+}
+
+impl Log for WasiEnv {
+    fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
+        let level = match level {
+            Level::Debug => wit_log::Level::Debug,
+            Level::Info => wit_log::Level::Info,
+            Level::Warn => wit_log::Level::Warn,
+        };
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        wit_log::log(level, message, &fields);
+    }
+}
+
+/// A response body read frame by frame from wasi:http.
+struct WasiBody(
+    wstd::http::body::util::combinators::UnsyncBoxBody<wstd::http::body::Bytes, wstd::http::Error>,
+);
+
+impl BodyStream for WasiBody {
+    async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>> {
+        loop {
+            match self.0.frame().await? {
+                Err(e) => return Some(Err(e.to_string())),
+                Ok(frame) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Some(Ok(data.to_vec()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Upstream calls over wasi:http (the host applies its allow-list).
+struct WasiUpstream;
+
+impl Upstream for WasiUpstream {
+    type Body = WasiBody;
+    async fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> Result<UpstreamResponse<WasiBody>, TransportError> {
+        let mut builder = Request::builder()
+            .method(request.method.as_str())
+            .uri(request.url.as_str());
+        for (n, v) in request.headers.iter() {
+            builder = builder.header(n, v);
+        }
+        let req = builder
+            .body(Body::from(request.body))
+            .map_err(|e| TransportError(format!("invalid request: {e}")))?;
+        let mut client = Client::new();
+        client.set_connect_timeout(std::time::Duration::from_secs(15));
+        let response = client
+            .send(req)
+            .await
+            .map_err(|e| TransportError(e.to_string()))?;
+        let status = response.status().as_u16();
+        let mut headers = Headers::new();
+        for (n, v) in response.headers() {
+            if let Ok(v) = v.to_str() {
+                headers.push(n.as_str(), v);
+            }
+        }
+        Ok(UpstreamResponse {
+            status,
+            headers,
+            body: WasiBody(response.into_body().into_boxed_body()),
+        })
+    }
+}
+
+// ---- the HTTP handler -------------------------------------------------------------------
+
+#[derive(Debug)]
+struct StreamBroke(String);
+
+impl std::fmt::Display for StreamBroke {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StreamBroke {}
+
+fn pool_response(e: &PoolError) -> Response<Body> {
+    let mut b = Response::builder().status(e.status);
+    for (n, v) in e.headers().iter() {
+        b = b.header(n, v);
+    }
+    b.body(Body::from(e.body(Provider::Claude)))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+#[wstd::http_server]
+async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
+    let Ok(db) = WitDb::open() else {
+        return Ok(pool_response(&PoolError::pool(
+            503,
+            "Account Pooler storage is unavailable; try again.",
+        )));
+    };
+    let limit = Store::new(&db)
+        .settings()
+        .map(|s| s.max_request_body)
+        .unwrap_or(32 << 20);
+    let (parts, body) = request.into_parts();
+    let mut headers = Headers::new();
+    for (n, v) in parts.headers.iter() {
+        if let Ok(v) = v.to_str() {
+            headers.push(n.as_str(), v);
+        }
+    }
+    let mut body = WasiBody(body.into_boxed_body());
+    let mut bytes = Vec::new();
+    let mut truncated = false;
+    while let Some(chunk) = body.next_chunk().await {
+        match chunk {
+            Ok(c) => {
+                bytes.extend_from_slice(&c);
+                if bytes.len() as u64 > limit {
+                    truncated = true;
+                    break;
+                }
+            }
+            Err(_) => {
+                return Ok(pool_response(&PoolError::pool(
+                    400,
+                    "The request body could not be read.",
+                )));
+            }
+        }
+    }
+    let incoming = IncomingRequest {
+        method: parts.method.as_str().to_owned(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers,
+        body: bytes,
+        body_truncated: truncated,
+    };
+    let response = Engine::new(&db, &WasiUpstream, &WasiEnv)
+        .handle(incoming)
+        .await;
+    let mut b = Response::builder().status(response.status);
+    for (n, v) in response.headers.iter() {
+        b = b.header(n, v);
+    }
+    let body = match response.body {
+        engine::Body::Full(bytes) => Body::from(bytes),
+        engine::Body::Stream(relay) => {
+            Body::from_try_stream(futures_lite::stream::unfold(relay, |mut r| async move {
+                r.next().await.map(|chunk| (chunk.map_err(StreamBroke), r))
+            }))
+        }
+    };
+    Ok(b.body(body).unwrap_or_else(|_| {
+        pool_response(&PoolError::pool(
+            502,
+            "Account Pooler could not relay the upstream response.",
+        ))
+    }))
+}
+
+// ---- type adapters ----------------------------------------------------------------------
+
+fn provider_in(p: types::Provider) -> Provider {
+    match p {
+        types::Provider::Claude => Provider::Claude,
+        types::Provider::Codex => Provider::Codex,
+    }
+}
+
+fn provider_out(p: Provider) -> types::Provider {
+    match p {
+        Provider::Claude => types::Provider::Claude,
+        Provider::Codex => types::Provider::Codex,
+    }
+}
+
+fn availability_out(a: model::Availability) -> types::Availability {
+    use model::{BlockCause as B, UnavailableReason as U};
+    match a {
+        model::Availability::NotRouted => types::Availability::NotRouted,
+        model::Availability::Ready => types::Availability::Ready,
+        model::Availability::Blocked { retry_at, cause } => {
+            types::Availability::Blocked(types::Blocked {
+                retry_at,
+                cause: match cause {
+                    B::QuotaExhausted => types::BlockCause::QuotaExhausted,
+                    B::FamilyQuotaExhausted => types::BlockCause::FamilyQuotaExhausted,
+                    B::Held => types::BlockCause::Held,
+                    B::UsageRestricted => types::BlockCause::UsageRestricted,
+                },
+            })
+        }
+        model::Availability::Unavailable(r) => types::Availability::Unavailable(match r {
+            U::NoEnabledAccount => types::UnavailableReason::NoEnabledAccount,
+            U::Authentication => types::UnavailableReason::Authentication,
+            U::ResetUnknown => types::UnavailableReason::ResetUnknown,
+        }),
+    }
+}
+
+fn cause_out(c: model::ChangeCause) -> types::ChangeCause {
+    use model::ChangeCause as C;
+    match c {
+        C::AccountAdded => types::ChangeCause::AccountAdded,
+        C::AccountEnabled => types::ChangeCause::AccountEnabled,
+        C::AccountDisabled => types::ChangeCause::AccountDisabled,
+        C::AccountRemoved => types::ChangeCause::AccountRemoved,
+        C::ErrorCleared => types::ChangeCause::ErrorCleared,
+        C::ErrorSet => types::ChangeCause::ErrorSet,
+        C::HoldEnded => types::ChangeCause::HoldEnded,
+        C::ConfigChanged => types::ChangeCause::ConfigChanged,
+        C::RoutingChanged => types::ChangeCause::RoutingChanged,
+        C::PriorityChanged => types::ChangeCause::PriorityChanged,
+        C::EarlierResetObserved => types::ChangeCause::EarlierResetObserved,
+        C::LaterResetObserved => types::ChangeCause::LaterResetObserved,
+        C::ResetPassed => types::ChangeCause::ResetPassed,
+    }
+}
+
+fn account_out(a: admin::AccountInfo) -> accounts::AccountInfo {
+    accounts::AccountInfo {
+        id: a.id,
+        provider: provider_out(a.provider),
+        kind: match a.kind {
+            model::CredentialKind::ApiKey => accounts::CredentialKind::ApiKey,
+            model::CredentialKind::OAuth => accounts::CredentialKind::Oauth,
+        },
+        label: a.label,
+        priority: a.priority,
+        enabled: a.enabled,
+        status: match a.status {
+            model::AccountStatus::Disabled => accounts::AccountStatus::Disabled,
+            model::AccountStatus::Error => accounts::AccountStatus::Error,
+            model::AccountStatus::Held => accounts::AccountStatus::Held,
+            model::AccountStatus::Exhausted => accounts::AccountStatus::Exhausted,
+            model::AccountStatus::NearLimit => accounts::AccountStatus::NearLimit,
+            model::AccountStatus::Ready => accounts::AccountStatus::Ready,
+        },
+        secret_hint: a.secret_hint,
+        created_at: a.created_at,
+        last_used_at: a.last_used_at,
+        error: a.error,
+        held_until: a.held_until,
+        needs_sign_in: a.needs_sign_in,
+        token_expires_at: a.token_expires_at,
+        windows: a
+            .windows
+            .into_iter()
+            .map(|w| accounts::UsageWindow {
+                name: w.name,
+                family: w.family.map(|f| f.as_str().to_owned()),
+                utilization: w.utilization,
+                resets_at: w.resets_at,
+                status: w.status,
+                blocking: w.blocking,
+                observed_at: w.observed_at,
+            })
+            .collect(),
+        blocking_reset: a.blocking_reset,
+    }
+}
+
+fn accounts_error(e: admin::AccountsError) -> accounts::AccountsError {
+    use admin::AccountsError as A;
+    match e {
+        A::NoSuchAccount(id) => accounts::AccountsError::NoSuchAccount(id),
+        A::ApiKeyNotSupported(p) => accounts::AccountsError::ApiKeyNotSupported(provider_out(p)),
+        A::InvalidCredential(m) => accounts::AccountsError::InvalidCredential(m),
+        A::InvalidLoginFile(m) => accounts::AccountsError::InvalidLoginFile(m),
+        A::InvalidLabel(m) => accounts::AccountsError::InvalidLabel(m),
+        A::InvalidOrder(m) => accounts::AccountsError::InvalidOrder(m),
+        A::RefreshRefused(m) => accounts::AccountsError::RefreshRefused(m),
+        A::UpstreamUnreachable(m) => accounts::AccountsError::UpstreamUnreachable(m),
+        A::Storage(m) => accounts::AccountsError::Storage(m),
+    }
+}
+
+fn routing_error(e: admin::RoutingError) -> routing::RoutingError {
+    use admin::RoutingError as R;
+    match e {
+        R::InvalidThread(m) => routing::RoutingError::InvalidThread(m),
+        R::InvalidEndpoint(m) => routing::RoutingError::InvalidEndpoint(m),
+        R::NoSuchRoute => routing::RoutingError::NoSuchRoute,
+        R::InvalidSession(m) => routing::RoutingError::InvalidSession(m),
+        R::Storage(m) => routing::RoutingError::Storage(m),
+    }
+}
+
+fn settings_error(e: admin::SettingsError) -> settings::SettingsError {
+    use crate::settings::SettingError as S;
+    match e {
+        admin::SettingsError::Refused(S::UnknownKey(k)) => settings::SettingsError::UnknownKey(k),
+        admin::SettingsError::Refused(S::Invalid {
+            key,
+            value,
+            accepted,
+        }) => settings::SettingsError::InvalidValue(settings::InvalidValue {
+            key,
+            value,
+            accepted,
+        }),
+        admin::SettingsError::Storage(m) => settings::SettingsError::Storage(m),
+    }
+}
+
+fn setting_out(s: admin::SettingInfo) -> settings::Setting {
+    settings::Setting {
+        key: s.key,
+        value: s.value,
+        default_value: s.default_value,
+        description: s.description,
+    }
+}
+
+/// Run an operation with the database and the admin surface, then deliver the
+/// availability-changed signals it queued.
+fn with_admin<T, E>(
+    storage: impl Fn(String) -> E,
+    f: impl FnOnce(&Admin<'_, WitDb, WasiUpstream, WasiEnv>) -> Result<T, E>,
+) -> Result<T, E> {
+    let db = WitDb::open().map_err(|e| storage(e.to_string()))?;
+    let admin = Admin::new(&db, &WasiUpstream, &WasiEnv).map_err(|e| storage(e.to_string()))?;
+    let result = f(&admin);
+    deliver(&admin);
+    result
+}
+
+/// Hand pending signals to the host (which queues and coalesces them). A storage failure
+/// leaves them pending for the next call.
+fn deliver(admin: &Admin<'_, WitDb, WasiUpstream, WasiEnv>) {
+    match admin.take_changes() {
+        Ok(changes) => {
+            for c in changes {
+                availability_listener::availability_changed(&types::AvailabilityChange {
+                    provider: provider_out(c.provider),
+                    causes: c.causes.into_iter().map(cause_out).collect(),
+                    earliest: availability_out(c.earliest),
+                    detected_at: c.detected_at,
+                });
+            }
+        }
+        Err(e) => WasiEnv.log(
+            Level::Warn,
+            "Account Pooler could not take pending signals",
+            &[("error", e.to_string())],
+        ),
+    }
+}
+
+// ---- exports ----------------------------------------------------------------------------
+
+struct Component;
+
+impl availability::Guest for Component {
+    fn query(query: availability::AvailabilityQuery) -> types::Availability {
+        let provider = provider_in(query.provider);
+        let answer = WitDb::open().and_then(|db| {
+            Admin::new(&db, &WasiUpstream, &WasiEnv)?.availability(
+                &query.thread,
+                provider,
+                query.model.as_deref(),
+            )
+        });
+        match answer {
+            Ok(a) => availability_out(a),
+            // The pool answered but could not read its state: say so rather than guess.
+            Err(e) => {
+                WasiEnv.log(
+                    Level::Warn,
+                    "Account Pooler availability query failed",
+                    &[("error", e.to_string())],
+                );
+                types::Availability::Unavailable(types::UnavailableReason::SourceUnavailable)
+            }
+        }
+    }
+}
+
+impl routing::Guest for Component {
+    fn open_route(
+        thread: String,
+        provider: types::Provider,
+        endpoint: String,
+    ) -> Result<routing::Route, routing::RoutingError> {
+        with_admin(routing::RoutingError::Storage, |a| {
+            let r = a
+                .open_route(&thread, provider_in(provider), &endpoint)
+                .map_err(routing_error)?;
+            Ok(routing::Route {
+                thread: r.thread,
+                provider: provider_out(r.provider),
+                base_url: r.base_url,
+                token: r.token,
+                env: r.env,
+                args: r.args,
+                config_lines: r.config_lines,
+                opened_at: r.opened_at,
+            })
+        })
+    }
+
+    fn close_route(thread: String, provider: types::Provider) -> Result<(), routing::RoutingError> {
+        with_admin(routing::RoutingError::Storage, |a| {
+            a.close_route(&thread, provider_in(provider))
+                .map_err(routing_error)
+        })
+    }
+
+    fn has_route(thread: String, provider: types::Provider) -> bool {
+        with_admin(
+            |_| (),
+            |a| a.has_route(&thread, provider_in(provider)).map_err(|_| ()),
+        )
+        .unwrap_or(false)
+    }
+
+    fn explain_session(
+        provider: types::Provider,
+        session: String,
+    ) -> Result<routing::SessionExplanation, routing::RoutingError> {
+        with_admin(routing::RoutingError::Storage, |a| {
+            let e = a
+                .explain_session(provider_in(provider), &session)
+                .map_err(routing_error)?;
+            Ok(routing::SessionExplanation {
+                provider: provider_out(e.provider),
+                key: e.key,
+                account: e.account,
+                thread: e.thread,
+                last_used_at: e.last_used_at,
+                expires_at: e.expires_at,
+                why: e.why,
+                recent: e
+                    .recent
+                    .into_iter()
+                    .map(|r| routing::AttemptRecord {
+                        at: r.at,
+                        account: r.account,
+                        status: r.status,
+                        outcome: r.outcome,
+                    })
+                    .collect(),
+            })
+        })
+    }
+}
+
+impl accounts::Guest for Component {
+    fn add(
+        account: accounts::NewAccount,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        let credential = match account.credential {
+            accounts::Credential::ApiKey(k) => model::Credential::ApiKey(k),
+            accounts::Credential::Oauth(o) => model::Credential::OAuth(model::OAuthTokens {
+                access_token: o.access_token,
+                refresh_token: o.refresh_token,
+                expires_at: o.expires_at,
+                chatgpt_account_id: o.chatgpt_account_id,
+            }),
+        };
+        let new = NewAccount {
+            provider: provider_in(account.provider),
+            credential,
+            label: account.label,
+            priority: account.priority,
+        };
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.add(new).map(account_out).map_err(accounts_error)
+        })
+    }
+
+    fn import_login(
+        provider: types::Provider,
+        contents: String,
+        label: Option<String>,
+        priority: Option<i32>,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.import_login(provider_in(provider), &contents, label, priority)
+                .map(account_out)
+                .map_err(accounts_error)
+        })
+    }
+
+    fn remove(id: String) -> Result<(), accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.remove(&id).map_err(accounts_error)
+        })
+    }
+
+    fn enable(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.enable(&id).map(account_out).map_err(accounts_error)
+        })
+    }
+
+    fn disable(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.disable(&id).map(account_out).map_err(accounts_error)
+        })
+    }
+
+    fn set_priority(
+        id: String,
+        priority: i32,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.set_priority(&id, priority)
+                .map(account_out)
+                .map_err(accounts_error)
+        })
+    }
+
+    fn reorder(
+        provider: types::Provider,
+        ids: Vec<String>,
+    ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.reorder(provider_in(provider), &ids)
+                .map(|l| l.into_iter().map(account_out).collect())
+                .map_err(accounts_error)
+        })
+    }
+
+    fn refresh(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            wstd::runtime::block_on(a.refresh(&id))
+                .map(account_out)
+                .map_err(accounts_error)
+        })
+    }
+
+    fn list_accounts(
+        provider: Option<types::Provider>,
+    ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.list(provider.map(provider_in))
+                .map(|l| l.into_iter().map(account_out).collect())
+                .map_err(accounts_error)
+        })
+    }
+}
+
+impl maintenance::Guest for Component {
+    fn on_tick(now: types::Timestamp) -> Result<(), types::PluginError> {
+        with_admin(types::PluginError::Storage, |a| {
+            wstd::runtime::block_on(a.tick(now))
+                .map_err(|e| types::PluginError::Storage(e.to_string()))
+        })
+    }
+}
+
+impl settings::Guest for Component {
+    fn list_settings() -> Result<Vec<settings::Setting>, settings::SettingsError> {
+        with_admin(settings::SettingsError::Storage, |a| {
+            a.list_settings()
+                .map(|l| l.into_iter().map(setting_out).collect())
+                .map_err(settings_error)
+        })
+    }
+
+    fn get_setting(key: String) -> Result<settings::Setting, settings::SettingsError> {
+        with_admin(settings::SettingsError::Storage, |a| {
+            a.get_setting(&key).map(setting_out).map_err(settings_error)
+        })
+    }
+
+    fn set_setting(
+        key: String,
+        value: String,
+    ) -> Result<settings::Setting, settings::SettingsError> {
+        with_admin(settings::SettingsError::Storage, |a| {
+            a.set_setting(&key, &value)
+                .map(setting_out)
+                .map_err(settings_error)
+        })
+    }
+}
+
+bindings::export!(Component with_types_in bindings);

@@ -1,0 +1,1226 @@
+//! The proxy engine: one client request in, one response out. It authenticates the route
+//! token, reads the session, chooses accounts, forwards with each account's credential,
+//! classifies every upstream answer (spec §4), retries and detours, refreshes OAuth
+//! tokens, records quota and attempts, and commits pins and the cursor by the #6990 rule.
+//!
+//! It reaches the outside only through [`Upstream`], [`Clock`], [`Random`] and [`Log`], and
+//! keeps all state in the database, so it runs the same natively (tests, fakes) and in the
+//! component (wasi:http, the WIT sqlite import).
+
+use crate::http::{self, Headers, PoolError, RouteMatch};
+use crate::model::{ChangeCause, Credential, Family, HoldKind, OAuthTokens, Provider};
+use crate::oauth::{self, Need, RefreshResult, RefusedEffect};
+use crate::policy::{
+    self, AccountState, AttemptOutcome, Candidate, Classified, PinAction, PinSeen, Role, Selection,
+};
+use crate::quota::{self, Observation};
+use crate::session::{self, SessionInfo};
+use crate::settings::Settings;
+use crate::store::Store;
+use crate::stream::{self, BodyStream, Relay};
+use crate::token;
+use pooler_plugin_kit::{Db, DbError};
+
+/// How much of a failed upstream body is kept as its detail.
+const DETAIL_LIMIT: usize = 1024;
+/// How often a request waiting for another request's token refresh looks again.
+const REFRESH_POLL_MS: u64 = 100;
+/// An exhausted OAuth account's usage is re-fetched by requests at most this often.
+pub const EXHAUSTED_RECHECK_MS: u64 = 30_000;
+
+/// A request to an upstream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamRequest {
+    pub method: String,
+    pub url: String,
+    pub headers: Headers,
+    pub body: Vec<u8>,
+}
+
+/// An upstream's answer head and streaming body.
+pub struct UpstreamResponse<B> {
+    pub status: u16,
+    pub headers: Headers,
+    pub body: B,
+}
+
+/// Why no response head arrived (refused, reset, timed out, TLS failure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportError(pub String);
+
+/// Sends requests upstream (wasi:http in the component, a script in tests).
+#[allow(async_fn_in_trait)]
+pub trait Upstream {
+    type Body: BodyStream;
+    async fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> Result<UpstreamResponse<Self::Body>, TransportError>;
+}
+
+/// The host clock: epoch milliseconds, and sleeping (manual in tests).
+#[allow(async_fn_in_trait)]
+pub trait Clock {
+    fn now(&self) -> u64;
+    async fn sleep(&self, ms: u64);
+}
+
+/// Cryptographically secure random bytes.
+pub trait Random {
+    fn fill(&self, buf: &mut [u8]);
+}
+
+/// Log severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+}
+
+/// Structured logging. Callers never pass a secret.
+pub trait Log {
+    fn log(&self, level: Level, message: &str, fields: &[(&str, String)]);
+}
+
+/// The client's request, with its body read (bounded by the glue).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IncomingRequest {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: Headers,
+    pub body: Vec<u8>,
+    /// The body was longer than the glue was willing to read.
+    pub body_truncated: bool,
+}
+
+/// A response body: made by the pool, or relayed from upstream.
+pub enum Body<B> {
+    Full(Vec<u8>),
+    Stream(Relay<B>),
+}
+
+/// The response to the client.
+pub struct Response<B> {
+    pub status: u16,
+    pub headers: Headers,
+    pub body: Body<B>,
+}
+
+impl<B> Response<B> {
+    fn pool(provider: Provider, e: &PoolError) -> Self {
+        Response {
+            status: e.status,
+            headers: e.headers(),
+            body: Body::Full(e.body(provider)),
+        }
+    }
+}
+
+/// A random id: 16 random bytes in UUID v4 form.
+pub fn new_id(random: &impl Random) -> String {
+    let mut b = [0u8; 16];
+    random.fill(&mut b);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// What an OAuth refresh came to, for the caller.
+#[derive(Debug)]
+pub enum Refreshed {
+    /// A usable token (new, or refreshed by another request meanwhile).
+    Tokens(OAuthTokens),
+    /// The endpoint refused the refresh token.
+    Refused(u16),
+    /// Not now (endpoint failure, or another refresh still running).
+    Transient(String),
+}
+
+/// The engine, borrowing its capabilities for one call.
+pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log> {
+    store: Store<'a, D>,
+    upstream: &'a U,
+    env: &'a E,
+}
+
+/// What one attempt on one account came to.
+enum Attempt<B> {
+    /// A response for the client: 2xx served, or passed through as is.
+    Respond {
+        response: UpstreamResponse<B>,
+        served: bool,
+    },
+    /// The account could not serve; the failure (if any) is what the client sees if
+    /// nothing else serves.
+    Failed {
+        outcome: AttemptOutcome,
+        failure: Option<PoolError>,
+    },
+}
+
+/// The per-request facts every attempt needs.
+struct Ctx<'r> {
+    provider: Provider,
+    req: &'r IncomingRequest,
+    family: Option<Family>,
+    key: Option<&'r str>,
+    settings: &'r Settings,
+}
+
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
+    pub fn new(db: &'a D, upstream: &'a U, env: &'a E) -> Self {
+        Engine {
+            store: Store::new(db),
+            upstream,
+            env,
+        }
+    }
+
+    /// Serve one client request. Storage failures become the pool's own 503.
+    pub async fn handle(&self, req: IncomingRequest) -> Response<U::Body> {
+        let shape = match http::match_route(&req.method, &req.path) {
+            RouteMatch::Endpoint(e) => e.provider(),
+            RouteMatch::MethodNotAllowed(p) => p,
+            RouteMatch::NotFound(p) => p.unwrap_or(Provider::Claude),
+        };
+        match self.handle_inner(&req).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.env.log(
+                    Level::Warn,
+                    "Account Pooler storage failed",
+                    &[("error", e.to_string())],
+                );
+                Response::pool(
+                    shape,
+                    &PoolError::pool(503, "Account Pooler storage is unavailable; try again."),
+                )
+            }
+        }
+    }
+
+    async fn handle_inner(&self, req: &IncomingRequest) -> Result<Response<U::Body>, DbError> {
+        self.store.ensure_schema()?;
+        let route_match = http::match_route(&req.method, &req.path);
+        let route = match token::from_headers(&req.headers) {
+            Some(t) => self.store.route_by_hash(&token::hash(&t))?,
+            None => None,
+        };
+        let endpoint = match route_match {
+            RouteMatch::Endpoint(e) => e,
+            RouteMatch::MethodNotAllowed(p) => {
+                return Ok(Response::pool(
+                    p,
+                    &PoolError::pool(
+                        405,
+                        format!("{} is not allowed on {}.", req.method, req.path),
+                    ),
+                ));
+            }
+            RouteMatch::NotFound(guess) => {
+                let p = route
+                    .as_ref()
+                    .map(|r| r.1)
+                    .or(guess)
+                    .unwrap_or(Provider::Claude);
+                let status = if route.is_some() { 404 } else { 401 };
+                let msg = if route.is_some() {
+                    format!("Account Pooler does not serve {}.", req.path)
+                } else {
+                    "Invalid Account Pooler bearer token.".to_owned()
+                };
+                return Ok(Response::pool(p, &PoolError::pool(status, msg)));
+            }
+        };
+        let provider = endpoint.provider();
+        let Some((thread, _)) = route.filter(|r| r.1 == provider) else {
+            return Ok(Response::pool(
+                provider,
+                &PoolError::pool(401, "Invalid Account Pooler bearer token."),
+            ));
+        };
+        let settings = self.store.settings()?;
+        if !settings.routing(provider) {
+            return Ok(Response::pool(
+                provider,
+                &PoolError::pool(
+                    503,
+                    format!("Account Pooler routing is off for {provider}."),
+                ),
+            ));
+        }
+        if req.body_truncated || req.body.len() as u64 > settings.max_request_body {
+            return Ok(Response::pool(
+                provider,
+                &PoolError::pool(
+                    413,
+                    format!(
+                        "The request body exceeds {} bytes.",
+                        settings.max_request_body
+                    ),
+                ),
+            ));
+        }
+        let info = if endpoint.is_conversation() {
+            session::extract(provider, &req.headers, &req.body)
+        } else {
+            SessionInfo {
+                family: session::extract(provider, &req.headers, &req.body).family,
+                ..SessionInfo::default()
+            }
+        };
+        let ctx = Ctx {
+            provider,
+            req,
+            family: info.family,
+            key: info.key.as_deref(),
+            settings: &settings,
+        };
+        self.route(&ctx, &thread, info.parent.as_deref()).await
+    }
+
+    /// The attempt loop.
+    async fn route(
+        &self,
+        ctx: &Ctx<'_>,
+        thread: &str,
+        parent: Option<&str>,
+    ) -> Result<Response<U::Body>, DbError> {
+        let s = ctx.settings;
+        let (provider, threshold) = (ctx.provider, s.switch_threshold);
+        let start = self.env.now();
+        let snapshot: Vec<String> = self
+            .store
+            .accounts(Some(provider))?
+            .into_iter()
+            .map(|a| a.id)
+            .collect();
+        let mut pin: Option<PinSeen> = match ctx.key {
+            Some(k) => self
+                .store
+                .pin(provider, k, start, s.pin_lifetime_ms)?
+                .map(|p| PinSeen {
+                    account: p.account,
+                    generation: p.generation,
+                    claimed: false,
+                }),
+            None => None,
+        };
+        let inherited = match (ctx.key, parent, &pin) {
+            (Some(_), Some(pk), None) => self
+                .store
+                .pin(provider, pk, start, s.pin_lifetime_ms)?
+                .map(|p| p.account),
+            _ => None,
+        };
+        let cursor = self.store.cursor(provider)?;
+        let mut attempted: Vec<String> = Vec::new();
+        let mut outcomes: Vec<(String, AttemptOutcome)> = Vec::new();
+        let mut waited: Vec<String> = Vec::new();
+        let mut previous: Option<String> = None;
+        let mut failure: Option<PoolError> = None;
+        let mut rechecked = false;
+
+        loop {
+            let now = self.env.now();
+            let states: Vec<AccountState> = self
+                .store
+                .accounts(Some(provider))?
+                .into_iter()
+                .filter(|a| snapshot.contains(&a.id))
+                .collect();
+            let candidates: Vec<Candidate> = states
+                .iter()
+                .map(|a| Candidate {
+                    id: a.id.clone(),
+                    tier: policy::tier(a, ctx.family, threshold, now),
+                    held: a.held(now),
+                })
+                .collect();
+            let Some((id, role)) = policy::choose(Selection {
+                candidates: &candidates,
+                attempted: &attempted,
+                pinned: pin.as_ref().map(|p| p.account.as_str()),
+                inherited: inherited.as_deref(),
+                cursor: cursor.as_deref(),
+                previous: previous.as_deref(),
+            }) else {
+                if !rechecked && failure.is_none() {
+                    rechecked = true;
+                    if self
+                        .recheck_exhausted(provider, &states, ctx.family, s)
+                        .await?
+                    {
+                        continue;
+                    }
+                }
+                break;
+            };
+            if let (Some(key), None) = (ctx.key, &pin) {
+                let why = if role == Role::Inherited {
+                    "inherited from its parent session"
+                } else {
+                    "pinned on first success"
+                };
+                let seen = self.store.claim_pin(
+                    provider,
+                    key,
+                    &id,
+                    Some(thread),
+                    now,
+                    s.pin_lifetime_ms,
+                    s.pin_cap,
+                    why,
+                )?;
+                let other = seen.account != id;
+                pin = Some(seen);
+                if other {
+                    // A concurrent request of the same new session claimed it first: follow it.
+                    continue;
+                }
+            }
+            let Some(state) = states.iter().find(|a| a.id == id) else {
+                break;
+            };
+            if let Some(until) = state.unusable_until(now) {
+                // Only the pin is chosen while held: wait out a short hold once, else detour.
+                let remaining = until - now;
+                if remaining <= s.inline_wait_ms && !waited.contains(&id) {
+                    waited.push(id);
+                    self.env.sleep(remaining).await;
+                    continue;
+                }
+                attempted.push(id.clone());
+                outcomes.push((id.clone(), AttemptOutcome::Hold));
+                failure = Some(hold_failure(state, until, now));
+                self.note_attempt(ctx, now, &id, None, AttemptOutcome::Hold.as_str())?;
+                previous = Some(id);
+                continue;
+            }
+            attempted.push(id.clone());
+            previous = Some(id.clone());
+            match self.attempt(ctx, state, &mut waited).await? {
+                Attempt::Respond { response, served } => {
+                    let now = self.env.now();
+                    let mut outcome = if served { "served" } else { "passed-through" };
+                    if served {
+                        let detour = self.commit(
+                            ctx,
+                            thread,
+                            &id,
+                            pin.as_ref(),
+                            cursor.as_deref(),
+                            &outcomes,
+                            now,
+                        )?;
+                        if detour {
+                            outcome = "detour";
+                        }
+                    } else if let Some(p) = pin.as_ref().filter(|p| p.claimed) {
+                        self.store.release_claim(
+                            provider,
+                            ctx.key.unwrap_or_default(),
+                            p.generation,
+                        )?;
+                    }
+                    self.note_attempt(ctx, now, &id, Some(response.status), outcome)?;
+                    return Ok(self.relay(ctx, response));
+                }
+                Attempt::Failed {
+                    outcome,
+                    failure: f,
+                } => {
+                    self.note_attempt(
+                        ctx,
+                        self.env.now(),
+                        &id,
+                        f.as_ref().map(|f| f.status),
+                        outcome.as_str(),
+                    )?;
+                    outcomes.push((id, outcome));
+                    if f.is_some() {
+                        failure = f;
+                    }
+                }
+            }
+        }
+
+        // Nothing served: commit nothing.
+        if let (Some(key), Some(p)) = (ctx.key, pin.as_ref().filter(|p| p.claimed)) {
+            self.store.release_claim(provider, key, p.generation)?;
+        }
+        let now = self.env.now();
+        let error = match failure {
+            Some(f) => f,
+            None => {
+                let states = self.store.accounts(Some(provider))?;
+                let verdict = policy::verdict(&states, ctx.family, threshold, now);
+                let mut error = policy::no_eligible_response(verdict, now);
+                if token_held_only(&states, now) {
+                    // Every usable account is held because the upstream refused its fresh
+                    // token: an upstream failure, answered 503 (at the same retry time).
+                    error.status = 503;
+                    error.message = format!(
+                        "{} refused the pool's sign-ins; Account Pooler is holding them.",
+                        provider.upstream_name()
+                    );
+                }
+                error
+            }
+        };
+        Ok(Response::pool(provider, &error))
+    }
+
+    /// Apply the commit rule after a success on `served`. Returns whether it was a detour
+    /// (the session stays pinned elsewhere).
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        ctx: &Ctx<'_>,
+        thread: &str,
+        served: &str,
+        pin: Option<&PinSeen>,
+        cursor: Option<&str>,
+        outcomes: &[(String, AttemptOutcome)],
+        now: u64,
+    ) -> Result<bool, DbError> {
+        let s = ctx.settings;
+        let threshold = s.switch_threshold;
+        let outcome_of = |id: &str| {
+            outcomes
+                .iter()
+                .rev()
+                .find(|(a, _)| a == id)
+                .map(|(_, o)| *o)
+        };
+        let gone = |id: &str| -> Result<bool, DbError> {
+            Ok(policy::gone_for_good(
+                self.store.account(id)?.as_ref(),
+                outcome_of(id),
+                threshold,
+                now,
+            ))
+        };
+        let mut detour = false;
+        if let Some(key) = ctx.key {
+            let pinned_gone = match pin {
+                Some(p) if p.account != served && !p.claimed => gone(&p.account)?,
+                _ => false,
+            };
+            match policy::pin_action(true, pin, served, pinned_gone) {
+                PinAction::Touch => {
+                    if let Some(p) = pin {
+                        self.store.touch_pin(ctx.provider, key, p.generation, now)?;
+                    }
+                }
+                PinAction::Bind => {
+                    let why = match pin {
+                        Some(p) if !p.claimed => {
+                            let reason = outcome_of(&p.account)
+                                .filter(|o| o.is_lasting())
+                                .map_or("no longer usable", AttemptOutcome::as_str);
+                            format!("re-pinned: previous account {} ({reason})", p.account)
+                        }
+                        _ => "pinned on first success".to_owned(),
+                    };
+                    self.store.bind_pin(
+                        ctx.provider,
+                        key,
+                        served,
+                        Some(thread),
+                        pin.map(|p| p.generation),
+                        now,
+                        s.pin_lifetime_ms,
+                        &why,
+                        s.pin_cap,
+                    )?;
+                }
+                PinAction::Keep => detour = pin.is_some(),
+            }
+        }
+        let cursor_gone = match cursor {
+            Some(c) if c != served => gone(c)?,
+            _ => false,
+        };
+        if policy::cursor_moves(cursor, served, cursor_gone) {
+            self.store.cas_cursor(ctx.provider, cursor, served)?;
+        }
+        Ok(detour)
+    }
+
+    fn note_attempt(
+        &self,
+        ctx: &Ctx<'_>,
+        at: u64,
+        account: &str,
+        status: Option<u16>,
+        outcome: &str,
+    ) -> Result<(), DbError> {
+        match ctx.key {
+            Some(key) => self
+                .store
+                .record_attempt(ctx.provider, key, at, account, status, outcome),
+            None => Ok(()),
+        }
+    }
+
+    fn relay(&self, ctx: &Ctx<'_>, response: UpstreamResponse<U::Body>) -> Response<U::Body> {
+        let mut headers = Headers::new();
+        for (n, v) in response.headers.iter() {
+            if http::forward_response_header(n) {
+                headers.push(n, v);
+            }
+        }
+        let relay = Relay::new(
+            response.body,
+            ctx.provider,
+            response.headers.get("content-type"),
+        );
+        Response {
+            status: response.status,
+            headers,
+            body: Body::Stream(relay),
+        }
+    }
+
+    /// One account: send, classify, and retry the same account where the outcome table
+    /// says so (transient failures with backoff, one short-429 wait, one token refresh).
+    async fn attempt(
+        &self,
+        ctx: &Ctx<'_>,
+        state: &AccountState,
+        waited: &mut Vec<String>,
+    ) -> Result<Attempt<U::Body>, DbError> {
+        let s = ctx.settings;
+        let id = state.id.as_str();
+        let upstream_name = ctx.provider.upstream_name();
+        let mut retries = 0u32;
+        let mut slept = 0u64;
+        let mut refreshed = false;
+        loop {
+            let now = self.env.now();
+            self.store.touch_account(id, now)?;
+            let credential = match self.usable_credential(ctx.provider, state, s).await? {
+                Ok(c) => c,
+                Err(failed) => return Ok(failed),
+            };
+            let request = self.upstream_request(ctx, &credential);
+            let sent = self.upstream.send(request).await;
+            let now = self.env.now();
+            let mut response = match sent {
+                Ok(r) => r,
+                Err(TransportError(code)) => {
+                    self.env.log(
+                        Level::Warn,
+                        "Account Pooler upstream transport failed",
+                        &[
+                            ("provider", ctx.provider.to_string()),
+                            ("account", id.to_owned()),
+                            ("error", code),
+                        ],
+                    );
+                    let failure = PoolError::pool(
+                        502,
+                        format!("Account Pooler could not reach {upstream_name}."),
+                    );
+                    if self.transient_retry(s, &mut retries, &mut slept).await {
+                        continue;
+                    }
+                    return Ok(Attempt::Failed {
+                        outcome: AttemptOutcome::Transient,
+                        failure: Some(failure),
+                    });
+                }
+            };
+            let obs = match ctx.provider {
+                Provider::Claude => quota::parse_claude_headers(&response.headers, now),
+                Provider::Codex => quota::parse_codex_headers(&response.headers, now),
+            };
+            self.observe(ctx.provider, id, &obs, s.switch_threshold, now)?;
+            match policy::classify(response.status, &obs, ctx.family, now) {
+                Classified::Served => {
+                    return Ok(Attempt::Respond {
+                        response,
+                        served: true,
+                    });
+                }
+                Classified::PassThrough => {
+                    return Ok(Attempt::Respond {
+                        response,
+                        served: false,
+                    });
+                }
+                Classified::Quota => {
+                    return Ok(Attempt::Failed {
+                        outcome: AttemptOutcome::Quota,
+                        failure: None,
+                    });
+                }
+                Classified::Family => {
+                    return Ok(Attempt::Failed {
+                        outcome: AttemptOutcome::Family,
+                        failure: None,
+                    });
+                }
+                Classified::Transient => {
+                    let failure = upstream_failure(&mut response, now).await;
+                    if self.transient_retry(s, &mut retries, &mut slept).await {
+                        continue;
+                    }
+                    return Ok(Attempt::Failed {
+                        outcome: AttemptOutcome::Transient,
+                        failure: Some(failure),
+                    });
+                }
+                Classified::RateLimited => {
+                    let wait = quota::parse_retry_after(response.headers.get("retry-after"), now);
+                    self.store.set_hold(id, now + wait, HoldKind::RateLimit)?;
+                    let failure = upstream_failure(&mut response, now).await;
+                    if wait <= s.inline_wait_ms && !waited.iter().any(|w| w == id) {
+                        waited.push(id.to_owned());
+                        self.env.sleep(wait).await;
+                        continue;
+                    }
+                    return Ok(Attempt::Failed {
+                        outcome: AttemptOutcome::Hold,
+                        failure: Some(failure),
+                    });
+                }
+                Classified::AuthRefused => {
+                    let failure = upstream_failure(&mut response, now).await;
+                    match &credential {
+                        Credential::ApiKey(_) => {
+                            let text =
+                                format!("{upstream_name} refused the API key: {}", failure.message);
+                            if self.store.set_error(id, &text)? {
+                                self.store
+                                    .push_signal(ctx.provider, ChangeCause::ErrorSet, now)?;
+                            }
+                            return Ok(Attempt::Failed {
+                                outcome: AttemptOutcome::Auth,
+                                failure: Some(failure),
+                            });
+                        }
+                        Credential::OAuth(tokens) if !refreshed => {
+                            match self.refresh(ctx.provider, id, tokens, s).await? {
+                                Refreshed::Tokens(_) => {
+                                    refreshed = true;
+                                    continue;
+                                }
+                                Refreshed::Refused(status) => {
+                                    // The upstream refused the token and the refresh is refused too.
+                                    if self.store.access_token(id)?.as_deref()
+                                        == Some(tokens.access_token.as_str())
+                                    {
+                                        self.mark_error(
+                                            ctx.provider,
+                                            id,
+                                            &format!("OAuth refresh failed with HTTP {status}."),
+                                            now,
+                                        )?;
+                                    }
+                                    return Ok(Attempt::Failed {
+                                        outcome: AttemptOutcome::Auth,
+                                        failure: Some(failure),
+                                    });
+                                }
+                                Refreshed::Transient(_) => {
+                                    let f = PoolError::pool(
+                                        503,
+                                        format!(
+                                            "Account Pooler could not refresh the {upstream_name} sign-in; try again shortly."
+                                        ),
+                                    );
+                                    return Ok(Attempt::Failed {
+                                        outcome: AttemptOutcome::Transient,
+                                        failure: Some(f),
+                                    });
+                                }
+                            }
+                        }
+                        Credential::OAuth(tokens) => {
+                            // Refused again with a fresh token: not an auth error; hold that token.
+                            if self.store.access_token(id)?.as_deref()
+                                == Some(tokens.access_token.as_str())
+                            {
+                                self.store
+                                    .set_hold(id, now + s.token_hold_ms, HoldKind::Token)?;
+                            }
+                            let f = PoolError::pool(
+                                503,
+                                format!(
+                                    "{upstream_name} refused a freshly refreshed token; treating it as an upstream failure: {}",
+                                    failure.message
+                                ),
+                            );
+                            return Ok(Attempt::Failed {
+                                outcome: AttemptOutcome::Hold,
+                                failure: Some(f),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wait before another same-account try after a transient failure, if the retry limit
+    /// and the inline wait allow. Returns whether to try again.
+    async fn transient_retry(&self, s: &Settings, retries: &mut u32, slept: &mut u64) -> bool {
+        if *retries >= s.transient_retries {
+            return false;
+        }
+        let wait = s.backoff(*retries);
+        if *slept + wait > s.inline_wait_ms {
+            return false;
+        }
+        *retries += 1;
+        *slept += wait;
+        if wait > 0 {
+            self.env.sleep(wait).await;
+        }
+        true
+    }
+
+    /// Merge a quota observation and queue a signal when it moved the account's blocking
+    /// time.
+    pub fn observe(
+        &self,
+        provider: Provider,
+        id: &str,
+        obs: &Observation,
+        threshold: f64,
+        now: u64,
+    ) -> Result<(), DbError> {
+        if obs.is_empty() {
+            return Ok(());
+        }
+        let Some(mut state) = self.store.account(id)? else {
+            return Ok(());
+        };
+        let before = policy::blocked_until(&state, None, threshold, now);
+        state.quota.merge(obs);
+        self.store.save_quota(id, &state.quota)?;
+        let after = policy::blocked_until(&state, None, threshold, now);
+        let cause = match (before, after) {
+            (Some(_), None) => Some(ChangeCause::EarlierResetObserved),
+            (None, Some(_)) => Some(ChangeCause::LaterResetObserved),
+            (Some(Some(b)), Some(Some(a))) if a < b => Some(ChangeCause::EarlierResetObserved),
+            (Some(Some(b)), Some(Some(a))) if a > b => Some(ChangeCause::LaterResetObserved),
+            _ => None,
+        };
+        if let Some(c) = cause {
+            self.store.push_signal(provider, c, now)?;
+        }
+        Ok(())
+    }
+
+    /// When nothing is eligible, re-fetch the usage of exhausted OAuth accounts not
+    /// fetched in the last 30 s (their windows may have been lifted early). Returns whether
+    /// any was fetched.
+    async fn recheck_exhausted(
+        &self,
+        provider: Provider,
+        states: &[AccountState],
+        family: Option<Family>,
+        s: &Settings,
+    ) -> Result<bool, DbError> {
+        let mut fetched = false;
+        for a in states {
+            let now = self.env.now();
+            let exhausted = matches!(
+                policy::tier(a, family, s.switch_threshold, now),
+                policy::Tier::Refused(
+                    policy::Refusal::SharedExhausted
+                        | policy::Refusal::FamilyExhausted
+                        | policy::Refusal::Restricted
+                )
+            );
+            if a.kind != crate::model::CredentialKind::OAuth || !exhausted {
+                continue;
+            }
+            let last = self.store.refresh_state(&a.id)?.last_usage_at;
+            if last.is_some_and(|t| now < t + EXHAUSTED_RECHECK_MS) {
+                continue;
+            }
+            if self.refresh_usage(provider, &a.id, s).await?.is_ok() {
+                fetched = true;
+            }
+        }
+        Ok(fetched)
+    }
+
+    /// Fetch an OAuth account's usage from its provider's usage endpoint and merge it.
+    /// `Err` (inside `Ok`) says why nothing was merged; API-key accounts have no usage
+    /// endpoint.
+    pub async fn refresh_usage(
+        &self,
+        provider: Provider,
+        id: &str,
+        s: &Settings,
+    ) -> Result<Result<(), String>, DbError> {
+        let Some(Credential::OAuth(tokens)) = self.store.credential(id)? else {
+            return Ok(Err("API-key accounts have no usage endpoint".into()));
+        };
+        let now = self.env.now();
+        self.store.set_last_usage(id, now)?;
+        let mut headers = Headers::new();
+        headers.push("authorization", format!("Bearer {}", tokens.access_token));
+        headers.push("accept", "application/json");
+        let url = match provider {
+            Provider::Claude => {
+                headers.push("anthropic-beta", "oauth-2025-04-20");
+                format!(
+                    "{}/api/oauth/usage",
+                    s.claude_upstream_url.trim_end_matches('/')
+                )
+            }
+            Provider::Codex => {
+                if let Some(acct) = &tokens.chatgpt_account_id {
+                    headers.push("chatgpt-account-id", acct.as_str());
+                }
+                headers.push("originator", "pooler");
+                codex_usage_url(&s.codex_upstream_url)
+            }
+        };
+        let request = UpstreamRequest {
+            method: "GET".into(),
+            url,
+            headers,
+            body: Vec::new(),
+        };
+        let mut response = match self.upstream.send(request).await {
+            Ok(r) => r,
+            Err(TransportError(e)) => return Ok(Err(format!("usage endpoint unreachable: {e}"))),
+        };
+        if !(200..300).contains(&response.status) {
+            return Ok(Err(format!(
+                "usage endpoint answered HTTP {}",
+                response.status
+            )));
+        }
+        let body = stream::read_to_end(&mut response.body, 256 * 1024)
+            .await
+            .unwrap_or_default();
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body) else {
+            return Ok(Err("usage endpoint answered with unreadable JSON".into()));
+        };
+        let now = self.env.now();
+        let obs = match provider {
+            Provider::Claude => quota::parse_claude_usage(&json, now),
+            Provider::Codex => quota::parse_codex_usage(&json, now),
+        };
+        self.observe(provider, id, &obs, s.switch_threshold, now)?;
+        Ok(Ok(()))
+    }
+
+    fn mark_error(
+        &self,
+        provider: Provider,
+        id: &str,
+        text: &str,
+        now: u64,
+    ) -> Result<(), DbError> {
+        if self.store.set_error(id, text)? {
+            self.store
+                .push_signal(provider, ChangeCause::ErrorSet, now)?;
+        }
+        Ok(())
+    }
+
+    /// The credential to send now, refreshing an OAuth token that expires soon (§8). A
+    /// refused proactive refresh keeps a valid token serving with the sign-in flag (#6167).
+    async fn usable_credential(
+        &self,
+        provider: Provider,
+        state: &AccountState,
+        s: &Settings,
+    ) -> Result<Result<Credential, Attempt<U::Body>>, DbError> {
+        let id = state.id.as_str();
+        let upstream_name = provider.upstream_name();
+        let Some(credential) = self.store.credential(id)? else {
+            let now = self.env.now();
+            self.mark_error(provider, id, "The account's secret is missing.", now)?;
+            return Ok(Err(Attempt::Failed {
+                outcome: AttemptOutcome::Auth,
+                failure: None,
+            }));
+        };
+        let Credential::OAuth(tokens) = &credential else {
+            return Ok(Ok(credential));
+        };
+        let now = self.env.now();
+        let rs = self.store.refresh_state(id)?;
+        let backing_off = rs.retry_at.is_some_and(|t| t > now);
+        match oauth::need(tokens.expires_at, now) {
+            Need::None => Ok(Ok(credential)),
+            Need::Proactive if backing_off => Ok(Ok(credential)),
+            Need::Proactive => match self.refresh(provider, id, tokens, s).await? {
+                Refreshed::Tokens(t) => Ok(Ok(Credential::OAuth(t))),
+                Refreshed::Refused(_) | Refreshed::Transient(_) => Ok(Ok(credential)),
+            },
+            Need::Expired if backing_off && rs.failure.as_deref() == Some("transient") => {
+                let f = PoolError::pool(
+                    503,
+                    format!(
+                        "The {upstream_name} sign-in of this account is being refreshed; try again shortly."
+                    ),
+                );
+                Ok(Err(Attempt::Failed {
+                    outcome: AttemptOutcome::Transient,
+                    failure: Some(f),
+                }))
+            }
+            Need::Expired => match self.refresh(provider, id, tokens, s).await? {
+                Refreshed::Tokens(t) => Ok(Ok(Credential::OAuth(t))),
+                Refreshed::Refused(status) => {
+                    let now = self.env.now();
+                    self.mark_error(
+                        provider,
+                        id,
+                        &format!("OAuth refresh failed with HTTP {status}."),
+                        now,
+                    )?;
+                    let f = PoolError::pool(
+                        401,
+                        format!(
+                            "The {upstream_name} sign-in of this account expired and could not be refreshed."
+                        ),
+                    );
+                    Ok(Err(Attempt::Failed {
+                        outcome: AttemptOutcome::Auth,
+                        failure: Some(f),
+                    }))
+                }
+                Refreshed::Transient(_) => {
+                    let f = PoolError::pool(
+                        503,
+                        format!(
+                            "Account Pooler could not refresh the {upstream_name} sign-in; try again shortly."
+                        ),
+                    );
+                    Ok(Err(Attempt::Failed {
+                        outcome: AttemptOutcome::Transient,
+                        failure: Some(f),
+                    }))
+                }
+            },
+        }
+    }
+
+    /// Refresh an account's OAuth token, one refresh in flight per account across every
+    /// instance (a lease row). A caller that finds another refresh running waits for it
+    /// and uses its token. `old` is the token the caller holds: if the stored one already
+    /// differs, it is used without another refresh.
+    pub async fn refresh(
+        &self,
+        provider: Provider,
+        id: &str,
+        old: &OAuthTokens,
+        s: &Settings,
+    ) -> Result<Refreshed, DbError> {
+        let owner = new_id(self.env);
+        let started = self.env.now();
+        loop {
+            let now = self.env.now();
+            if self
+                .store
+                .try_lease(id, &owner, now, now + oauth::LEASE_MS)?
+            {
+                break;
+            }
+            if now >= started + oauth::LEASE_MS {
+                return Ok(Refreshed::Transient(
+                    "another token refresh is still running".into(),
+                ));
+            }
+            self.env.sleep(REFRESH_POLL_MS).await;
+            if let Some(Credential::OAuth(t)) = self.store.credential(id)?
+                && t.access_token != old.access_token
+            {
+                return Ok(Refreshed::Tokens(t));
+            }
+        }
+        let result = self.refresh_with_lease(provider, id, old, s).await;
+        self.store.release_lease(id, &owner)?;
+        result
+    }
+
+    async fn refresh_with_lease(
+        &self,
+        provider: Provider,
+        id: &str,
+        old: &OAuthTokens,
+        s: &Settings,
+    ) -> Result<Refreshed, DbError> {
+        let current = match self.store.credential(id)? {
+            Some(Credential::OAuth(t)) => t,
+            _ => {
+                return Ok(Refreshed::Transient(
+                    "the account has no OAuth credential".into(),
+                ));
+            }
+        };
+        if current.access_token != old.access_token {
+            return Ok(Refreshed::Tokens(current));
+        }
+        let mut headers = Headers::new();
+        headers.push("content-type", "application/json");
+        headers.push("accept", "application/json");
+        let request = UpstreamRequest {
+            method: "POST".into(),
+            url: s.token_url(provider).to_owned(),
+            headers,
+            body: oauth::refresh_request_body(provider, &current.refresh_token),
+        };
+        let sent = self.upstream.send(request).await;
+        let now = self.env.now();
+        let result = match sent {
+            Err(TransportError(e)) => RefreshResult::Transient {
+                retry_after_ms: None,
+                detail: e,
+            },
+            Ok(mut r) => {
+                let ra = quota::retry_after_ms(r.headers.get("retry-after"), now);
+                let body = stream::read_to_end(&mut r.body, 64 * 1024)
+                    .await
+                    .unwrap_or_default();
+                oauth::parse_refresh_response(r.status, &body, ra, &current, now)
+            }
+        };
+        let rs = self.store.refresh_state(id)?;
+        Ok(match result {
+            RefreshResult::Refreshed(tokens) => {
+                self.store
+                    .put_credential(id, &Credential::OAuth(tokens.clone()))?;
+                self.store.clear_refresh_failure(id)?;
+                if self.store.clear_error(id)? {
+                    self.store
+                        .push_signal(provider, ChangeCause::ErrorCleared, now)?;
+                }
+                Refreshed::Tokens(tokens)
+            }
+            RefreshResult::Refused(status) => {
+                let backoff = oauth::next_backoff(rs.backoff_ms, None);
+                self.store
+                    .set_refresh_failure(id, "refused", backoff, now + backoff)?;
+                let valid = current.expires_at.is_none_or(|t| t > now);
+                if oauth::on_refused(valid) == RefusedEffect::KeepServing {
+                    self.store.set_needs_sign_in(id, true)?;
+                }
+                self.env.log(
+                    Level::Warn,
+                    "Account Pooler OAuth refresh refused",
+                    &[("account", id.to_owned()), ("status", status.to_string())],
+                );
+                Refreshed::Refused(status)
+            }
+            RefreshResult::Transient {
+                retry_after_ms,
+                detail,
+            } => {
+                let backoff = oauth::next_backoff(rs.backoff_ms, retry_after_ms);
+                self.store
+                    .set_refresh_failure(id, "transient", backoff, now + backoff)?;
+                Refreshed::Transient(detail)
+            }
+        })
+    }
+
+    fn upstream_request(&self, ctx: &Ctx<'_>, credential: &Credential) -> UpstreamRequest {
+        let mut headers = Headers::new();
+        for (n, v) in ctx.req.headers.iter() {
+            if http::forward_request_header(ctx.provider, n) {
+                headers.push(n, v);
+            }
+        }
+        match credential {
+            Credential::ApiKey(k) => headers.set("x-api-key", k.as_str()),
+            Credential::OAuth(t) => {
+                headers.set("authorization", format!("Bearer {}", t.access_token));
+                if ctx.provider == Provider::Claude && headers.get("anthropic-beta").is_none() {
+                    // Subscription tokens are accepted on the Messages API only with this beta.
+                    headers.set("anthropic-beta", "oauth-2025-04-20");
+                }
+                if let Some(acct) = &t.chatgpt_account_id {
+                    headers.set("chatgpt-account-id", acct.as_str());
+                }
+            }
+        }
+        UpstreamRequest {
+            method: ctx.req.method.to_ascii_uppercase(),
+            url: http::upstream_url(
+                ctx.provider,
+                ctx.settings.upstream_url(ctx.provider),
+                &ctx.req.path,
+                ctx.req.query.as_deref(),
+            ),
+            headers,
+            body: ctx.req.body.clone(),
+        }
+    }
+}
+
+/// Codex's usage endpoint: the `…/backend-api/wham/usage` beside the Codex API base
+/// (`…/backend-api/codex`); for another base, `<base>/wham/usage`.
+pub fn codex_usage_url(base: &str) -> String {
+    let base = base.trim_end_matches('/');
+    let root = base.strip_suffix("/codex").unwrap_or(base);
+    format!("{root}/wham/usage")
+}
+
+/// Whether the enabled, error-free accounts are all held, and all by token holds.
+fn token_held_only(states: &[AccountState], now: u64) -> bool {
+    let mut live = states
+        .iter()
+        .filter(|a| a.enabled && a.error.is_none())
+        .peekable();
+    live.peek().is_some() && live.all(|a| a.held(now) && a.hold_kind == Some(HoldKind::Token))
+}
+
+/// The failure a held account stands for: 429 with the hold's Retry-After, or 503 for a
+/// token hold.
+fn hold_failure(state: &AccountState, until: u64, now: u64) -> PoolError {
+    match state.hold_kind {
+        Some(HoldKind::Token) => PoolError::pool(
+            503,
+            "The account's sign-in was refused upstream; Account Pooler is holding it.",
+        ),
+        _ => PoolError::pool(
+            429,
+            "The current Account Pooler account is temporarily rate limited.",
+        )
+        .with_retry_after(policy::retry_after_secs(until, now)),
+    }
+}
+
+/// A failed upstream answer as the client would see it if nothing else serves: its
+/// status, its detail (≤ 1 KiB) and its Retry-After.
+async fn upstream_failure<B: BodyStream>(
+    response: &mut UpstreamResponse<B>,
+    now: u64,
+) -> PoolError {
+    let body = stream::read_prefix(&mut response.body, DETAIL_LIMIT).await;
+    let message = http::upstream_detail(&body)
+        .unwrap_or_else(|| format!("upstream returned HTTP {}.", response.status));
+    PoolError {
+        status: response.status,
+        message,
+        retry_after_secs: quota::retry_after_ms(response.headers.get("retry-after"), now)
+            .map(|ms| ms.div_ceil(1000).max(1)),
+        pool_origin: false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

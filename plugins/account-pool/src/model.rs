@@ -1,0 +1,349 @@
+//! The pool's vocabulary: providers, model families, credentials and account records as
+//! plain Rust types. Nothing here touches storage or WIT; the store and the component glue
+//! convert to and from these.
+
+use std::fmt;
+
+/// The AI provider an account, a route or a request belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Provider {
+    Claude,
+    Codex,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 2] = [Provider::Claude, Provider::Codex];
+
+    /// The stored and displayed name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Claude => "claude",
+            Provider::Codex => "codex",
+        }
+    }
+
+    /// Parse a stored name.
+    pub fn parse(s: &str) -> Option<Provider> {
+        match s {
+            "claude" => Some(Provider::Claude),
+            "codex" => Some(Provider::Codex),
+            _ => None,
+        }
+    }
+
+    /// The upstream's name for people ("Anthropic", "ChatGPT").
+    pub fn upstream_name(self) -> &'static str {
+        match self {
+            Provider::Claude => "Anthropic",
+            Provider::Codex => "ChatGPT",
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A model family: the unit Claude's scoped weekly windows (`7d_<bucket>`) apply to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    Fable,
+    Sonnet,
+    Opus,
+    Haiku,
+    Other,
+}
+
+impl Family {
+    /// The family a model name (or a scoped bucket name) belongs to: the first of fable,
+    /// sonnet, opus, haiku found as a case-insensitive substring, else `Other`.
+    pub fn of(name: &str) -> Family {
+        let lower = name.to_ascii_lowercase();
+        for (needle, family) in [
+            ("fable", Family::Fable),
+            ("sonnet", Family::Sonnet),
+            ("opus", Family::Opus),
+            ("haiku", Family::Haiku),
+        ] {
+            if lower.contains(needle) {
+                return family;
+            }
+        }
+        Family::Other
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Fable => "fable",
+            Family::Sonnet => "sonnet",
+            Family::Opus => "opus",
+            Family::Haiku => "haiku",
+            Family::Other => "other",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Family> {
+        match s {
+            "fable" => Some(Family::Fable),
+            "sonnet" => Some(Family::Sonnet),
+            "opus" => Some(Family::Opus),
+            "haiku" => Some(Family::Haiku),
+            "other" => Some(Family::Other),
+            _ => None,
+        }
+    }
+}
+
+/// How an account authenticates upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialKind {
+    ApiKey,
+    OAuth,
+}
+
+impl CredentialKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::ApiKey => "api-key",
+            CredentialKind::OAuth => "oauth",
+        }
+    }
+    pub fn parse(s: &str) -> Option<CredentialKind> {
+        match s {
+            "api-key" => Some(CredentialKind::ApiKey),
+            "oauth" => Some(CredentialKind::OAuth),
+            _ => None,
+        }
+    }
+}
+
+/// OAuth tokens of a subscription login.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OAuthTokens {
+    pub access_token: String,
+    pub refresh_token: String,
+    /// When the access token expires; None = unknown (valid until refused).
+    pub expires_at: Option<u64>,
+    /// Codex only: sent as `chatgpt-account-id`.
+    pub chatgpt_account_id: Option<String>,
+}
+
+/// An account's secret. `Debug` never prints the secret itself.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    ApiKey(String),
+    OAuth(OAuthTokens),
+}
+
+impl Credential {
+    pub fn kind(&self) -> CredentialKind {
+        match self {
+            Credential::ApiKey(_) => CredentialKind::ApiKey,
+            Credential::OAuth(_) => CredentialKind::OAuth,
+        }
+    }
+
+    /// What a person may see of the secret: an API key's last 4 characters as `…abcd`,
+    /// `oauth` for OAuth tokens.
+    pub fn hint(&self) -> String {
+        match self {
+            Credential::ApiKey(key) => {
+                let chars: Vec<char> = key.chars().collect();
+                let tail: String = chars[chars.len().saturating_sub(4)..].iter().collect();
+                format!("…{tail}")
+            }
+            Credential::OAuth(_) => "oauth".to_owned(),
+        }
+    }
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credential({}, {})", self.kind().as_str(), self.hint())
+    }
+}
+
+impl fmt::Debug for OAuthTokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OAuthTokens(expires_at: {:?})", self.expires_at)
+    }
+}
+
+/// Why an account is held (skipped until `held_until`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldKind {
+    /// A plain 429 with a Retry-After.
+    RateLimit,
+    /// The upstream refused a freshly refreshed OAuth token: the pool answers 503 for it.
+    Token,
+}
+
+impl HoldKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldKind::RateLimit => "rate-limit",
+            HoldKind::Token => "token",
+        }
+    }
+    pub fn parse(s: &str) -> Option<HoldKind> {
+        match s {
+            "rate-limit" => Some(HoldKind::RateLimit),
+            "token" => Some(HoldKind::Token),
+            _ => None,
+        }
+    }
+}
+
+/// An account's derived status, first match wins (spec §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountStatus {
+    Disabled,
+    Error,
+    Held,
+    Exhausted,
+    NearLimit,
+    Ready,
+}
+
+impl AccountStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccountStatus::Disabled => "disabled",
+            AccountStatus::Error => "error",
+            AccountStatus::Held => "held",
+            AccountStatus::Exhausted => "exhausted",
+            AccountStatus::NearLimit => "near-limit",
+            AccountStatus::Ready => "ready",
+        }
+    }
+}
+
+/// Causes of an availability change (mirror of the WIT `change-cause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeCause {
+    AccountAdded,
+    AccountEnabled,
+    AccountDisabled,
+    AccountRemoved,
+    ErrorCleared,
+    ErrorSet,
+    HoldEnded,
+    ConfigChanged,
+    RoutingChanged,
+    PriorityChanged,
+    EarlierResetObserved,
+    LaterResetObserved,
+    ResetPassed,
+}
+
+impl ChangeCause {
+    pub const ALL: [ChangeCause; 13] = [
+        ChangeCause::AccountAdded,
+        ChangeCause::AccountEnabled,
+        ChangeCause::AccountDisabled,
+        ChangeCause::AccountRemoved,
+        ChangeCause::ErrorCleared,
+        ChangeCause::ErrorSet,
+        ChangeCause::HoldEnded,
+        ChangeCause::ConfigChanged,
+        ChangeCause::RoutingChanged,
+        ChangeCause::PriorityChanged,
+        ChangeCause::EarlierResetObserved,
+        ChangeCause::LaterResetObserved,
+        ChangeCause::ResetPassed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeCause::AccountAdded => "account-added",
+            ChangeCause::AccountEnabled => "account-enabled",
+            ChangeCause::AccountDisabled => "account-disabled",
+            ChangeCause::AccountRemoved => "account-removed",
+            ChangeCause::ErrorCleared => "error-cleared",
+            ChangeCause::ErrorSet => "error-set",
+            ChangeCause::HoldEnded => "hold-ended",
+            ChangeCause::ConfigChanged => "config-changed",
+            ChangeCause::RoutingChanged => "routing-changed",
+            ChangeCause::PriorityChanged => "priority-changed",
+            ChangeCause::EarlierResetObserved => "earlier-reset-observed",
+            ChangeCause::LaterResetObserved => "later-reset-observed",
+            ChangeCause::ResetPassed => "reset-passed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ChangeCause> {
+        ChangeCause::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+/// The availability answer (mirror of the WIT `availability` variant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    NotRouted,
+    Ready,
+    Blocked { retry_at: u64, cause: BlockCause },
+    Unavailable(UnavailableReason),
+}
+
+/// Why a blocked pool is blocked (mirror of the WIT `block-cause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockCause {
+    QuotaExhausted,
+    FamilyQuotaExhausted,
+    Held,
+    UsageRestricted,
+}
+
+/// Why nothing can serve and no time is known (mirror of the WIT `unavailable-reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnavailableReason {
+    NoEnabledAccount,
+    Authentication,
+    ResetUnknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_family_is_first_matching_substring_case_insensitive() {
+        let table = [
+            ("claude-opus-4-1", Family::Opus),
+            ("claude-sonnet-4-5-20250929", Family::Sonnet),
+            ("CLAUDE-HAIKU", Family::Haiku),
+            ("fable-sonnet-hybrid", Family::Fable),
+            ("gpt-5-codex", Family::Other),
+            ("", Family::Other),
+        ];
+        for (model, want) in table {
+            assert_eq!(Family::of(model), want, "{model}");
+        }
+    }
+
+    #[test]
+    fn credential_debug_and_hint_never_show_the_secret() {
+        let key = Credential::ApiKey("sk-ant-secret-abcd".into());
+        assert_eq!(key.hint(), "…abcd");
+        let dbg = format!("{key:?}");
+        assert!(!dbg.contains("secret"), "{dbg}");
+        let oauth = Credential::OAuth(OAuthTokens {
+            access_token: "at-secret".into(),
+            refresh_token: "rt-secret".into(),
+            expires_at: Some(5),
+            chatgpt_account_id: None,
+        });
+        assert_eq!(oauth.hint(), "oauth");
+        assert!(!format!("{oauth:?}").contains("secret"));
+        assert_eq!(Credential::ApiKey("ab".into()).hint(), "…ab");
+    }
+
+    #[test]
+    fn change_causes_round_trip_their_names() {
+        for cause in ChangeCause::ALL {
+            assert_eq!(ChangeCause::parse(cause.as_str()), Some(cause));
+        }
+    }
+}

@@ -1,0 +1,967 @@
+//! The pool's decisions as pure functions over plain values: eligibility with the soft
+//! switch threshold (#6169), derived status, the choice of account, the per-attempt
+//! outcome table (spec §4), the pin and cursor commit rule (spec §5, #6990) and the one
+//! verdict that yields both the pool's 429 `Retry-After` and the availability answer
+//! (spec §7, §9).
+
+use crate::http::PoolError;
+use crate::model::{
+    AccountStatus, Availability, BlockCause, CredentialKind, Family, HoldKind, Provider,
+    UnavailableReason,
+};
+use crate::quota::{BlockingReset, Observation, QuotaState};
+
+/// Everything the decisions need to know about one account at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountState {
+    pub id: String,
+    pub provider: Provider,
+    pub kind: CredentialKind,
+    pub priority: i32,
+    /// Insertion order, the tie-breaker of equal priorities.
+    pub seq: i64,
+    pub enabled: bool,
+    pub error: Option<String>,
+    pub held_until: Option<u64>,
+    pub hold_kind: Option<HoldKind>,
+    pub quota: QuotaState,
+    pub needs_sign_in: bool,
+    pub token_expires_at: Option<u64>,
+    /// While a transient refresh failure backs off, an expired token cannot serve before
+    /// this time.
+    pub refresh_retry_at: Option<u64>,
+}
+
+impl AccountState {
+    /// The end of the time this account must be skipped: a hold, or an expired OAuth
+    /// token whose refresh is backing off.
+    pub fn unusable_until(&self, now: u64) -> Option<u64> {
+        let hold = self.held_until.filter(|t| *t > now);
+        let token = match (self.kind, self.token_expires_at, self.refresh_retry_at) {
+            (CredentialKind::OAuth, Some(exp), Some(retry)) if exp <= now && retry > now => {
+                Some(retry)
+            }
+            _ => None,
+        };
+        hold.max(token)
+    }
+
+    pub fn held(&self, now: u64) -> bool {
+        self.unusable_until(now).is_some()
+    }
+}
+
+/// Why an account cannot serve a request at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Disabled,
+    Error,
+    Restricted,
+    SharedExhausted,
+    FamilyExhausted,
+}
+
+impl Refusal {
+    /// Lasting refusals move a pin and the cursor; a family limit does not.
+    pub fn is_lasting(self) -> bool {
+        !matches!(self, Refusal::FamilyExhausted)
+    }
+}
+
+/// Eligibility of an account for a request (#6169: the threshold is a preference).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Eligible and under the switch threshold.
+    Preferred,
+    /// Eligible, at or over the threshold but not refused: used when nothing preferred is.
+    Reserve,
+    Refused(Refusal),
+}
+
+impl Tier {
+    pub fn eligible(self) -> bool {
+        !matches!(self, Tier::Refused(_))
+    }
+}
+
+/// The tier of `account` for a request of `family` (None: any family).
+pub fn tier(account: &AccountState, family: Option<Family>, threshold: f64, now: u64) -> Tier {
+    let q = &account.quota;
+    if !account.enabled {
+        Tier::Refused(Refusal::Disabled)
+    } else if account.error.is_some() {
+        Tier::Refused(Refusal::Error)
+    } else if q.restricted(now) {
+        Tier::Refused(Refusal::Restricted)
+    } else if q.shared_exhausted(now) {
+        Tier::Refused(Refusal::SharedExhausted)
+    } else if family.is_some_and(|f| q.family_exhausted(f, now)) {
+        Tier::Refused(Refusal::FamilyExhausted)
+    } else if q.near_limit(family, threshold, now) {
+        Tier::Reserve
+    } else {
+        Tier::Preferred
+    }
+}
+
+/// The derived status, first match wins: disabled, error, held, exhausted, near-limit,
+/// ready. A family-only limit does not change it.
+pub fn status(account: &AccountState, threshold: f64, now: u64) -> AccountStatus {
+    let q = &account.quota;
+    if !account.enabled {
+        AccountStatus::Disabled
+    } else if account.error.is_some() {
+        AccountStatus::Error
+    } else if account.held(now) {
+        AccountStatus::Held
+    } else if q.restricted(now) || q.shared_exhausted(now) {
+        AccountStatus::Exhausted
+    } else if q.near_limit(None, threshold, now) {
+        AccountStatus::NearLimit
+    } else {
+        AccountStatus::Ready
+    }
+}
+
+/// When a blocked account will serve again: the later of its hold and its blocking reset.
+/// None when the account is ready now; `Some(None)` when the time is unknown.
+pub fn blocked_until(
+    account: &AccountState,
+    family: Option<Family>,
+    threshold: f64,
+    now: u64,
+) -> Option<Option<u64>> {
+    let eligible = tier(account, family, threshold, now).eligible();
+    let hold = account.unusable_until(now);
+    if eligible && hold.is_none() {
+        return None;
+    }
+    let reset = match account.quota.blocking_reset(family, now) {
+        BlockingReset::NotBlocked => None,
+        BlockingReset::At(t) => Some(t),
+        BlockingReset::Unknown => return Some(None),
+    };
+    Some(hold.max(reset).or(Some(now)))
+}
+
+/// The pool's answer for a provider's accounts: the single source of both the 429
+/// `Retry-After` and the availability answer.
+pub fn verdict(
+    accounts: &[AccountState],
+    family: Option<Family>,
+    threshold: f64,
+    now: u64,
+) -> Availability {
+    let enabled: Vec<&AccountState> = accounts.iter().filter(|a| a.enabled).collect();
+    if enabled.is_empty() {
+        return Availability::Unavailable(UnavailableReason::NoEnabledAccount);
+    }
+    let live: Vec<&AccountState> = enabled.into_iter().filter(|a| a.error.is_none()).collect();
+    if live.is_empty() {
+        return Availability::Unavailable(UnavailableReason::Authentication);
+    }
+    let mut best: Option<(u64, BlockCause)> = None;
+    for a in live {
+        match blocked_until(a, family, threshold, now) {
+            None => return Availability::Ready,
+            Some(None) => {}
+            Some(Some(t)) => {
+                let cause = block_cause(a, family, now);
+                if best.is_none_or(|(b, _)| t < b) {
+                    best = Some((t, cause));
+                }
+            }
+        }
+    }
+    match best {
+        Some((retry_at, cause)) => Availability::Blocked { retry_at, cause },
+        None => Availability::Unavailable(UnavailableReason::ResetUnknown),
+    }
+}
+
+fn block_cause(a: &AccountState, family: Option<Family>, now: u64) -> BlockCause {
+    let q = &a.quota;
+    if q.restricted(now) {
+        BlockCause::UsageRestricted
+    } else if q.shared_exhausted(now) {
+        BlockCause::QuotaExhausted
+    } else if family.is_some_and(|f| q.family_exhausted(f, now)) {
+        BlockCause::FamilyQuotaExhausted
+    } else {
+        BlockCause::Held
+    }
+}
+
+/// `Retry-After` when no reset is known.
+pub const UNKNOWN_RETRY_AFTER_SECS: u64 = 60;
+
+/// Seconds until `retry_at`, rounded up, at least 1.
+pub fn retry_after_secs(retry_at: u64, now: u64) -> u64 {
+    retry_at.saturating_sub(now).div_ceil(1000).max(1)
+}
+
+/// The pool's own response when nothing could serve and no upstream failure was recorded.
+pub fn no_eligible_response(verdict: Availability, now: u64) -> PoolError {
+    match verdict {
+        Availability::Unavailable(UnavailableReason::NoEnabledAccount) => {
+            PoolError::pool(503, "Account Pooler has no enabled account.")
+        }
+        Availability::Unavailable(UnavailableReason::Authentication) => PoolError::pool(
+            429,
+            "Every enabled Account Pooler account is in authentication error; sign in again.",
+        )
+        .with_retry_after(UNKNOWN_RETRY_AFTER_SECS),
+        Availability::Blocked { retry_at, .. } => {
+            PoolError::pool(429, "No Account Pooler account is currently eligible.")
+                .with_retry_after(retry_after_secs(retry_at, now))
+        }
+        Availability::Unavailable(_) => PoolError::pool(
+            429,
+            "No Account Pooler account is currently eligible; no reset time is known.",
+        )
+        .with_retry_after(UNKNOWN_RETRY_AFTER_SECS),
+        // Something became ready while this request was being refused (a hold ended during
+        // its attempts): ask for a quick retry.
+        Availability::Ready | Availability::NotRouted => {
+            PoolError::pool(429, "No Account Pooler account is currently eligible.")
+                .with_retry_after(1)
+        }
+    }
+}
+
+/// A candidate account as selection sees it, in priority order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub id: String,
+    pub tier: Tier,
+    pub held: bool,
+}
+
+/// Why an account was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The session's own pin.
+    Pinned,
+    /// The parent session's account (a child without a pin of its own).
+    Inherited,
+    /// The provider's cursor (a new conversation).
+    Cursor,
+    /// The next eligible account in priority order.
+    Next,
+}
+
+/// The inputs of one selection step.
+#[derive(Debug, Clone, Copy)]
+pub struct Selection<'a> {
+    pub candidates: &'a [Candidate],
+    pub attempted: &'a [String],
+    pub pinned: Option<&'a str>,
+    pub inherited: Option<&'a str>,
+    pub cursor: Option<&'a str>,
+    pub previous: Option<&'a str>,
+}
+
+/// Choose the next account to try (spec §3): the pin (returned even when held: the caller
+/// waits out a short hold or detours); else the inherited parent account; else, for a new
+/// conversation, the cursor; else the next eligible account after the last one tried, in
+/// priority order, wrapping. Preferred accounts come before reserve ones everywhere but
+/// the pin and the parent.
+pub fn choose(sel: Selection<'_>) -> Option<(String, Role)> {
+    let c = sel.candidates;
+    let open = |x: &Candidate| x.tier.eligible() && !sel.attempted.contains(&x.id);
+    let find = |id: Option<&str>| id.and_then(|id| c.iter().find(|x| x.id == id));
+
+    if let Some(p) = find(sel.pinned).filter(|x| open(x)) {
+        return Some((p.id.clone(), Role::Pinned));
+    }
+    if sel.pinned.is_none()
+        && let Some(i) = find(sel.inherited).filter(|x| open(x) && !x.held)
+    {
+        return Some((i.id.clone(), Role::Inherited));
+    }
+    let fresh = sel.pinned.is_none() && sel.previous.is_none();
+    let anchor = sel.previous.or(sel.pinned).or(sel.cursor);
+    for want in [Tier::Preferred, Tier::Reserve] {
+        if fresh
+            && let Some(cur) = find(sel.cursor).filter(|x| open(x) && !x.held && x.tier == want)
+        {
+            return Some((cur.id.clone(), Role::Cursor));
+        }
+        let start = anchor
+            .and_then(|a| c.iter().position(|x| x.id == a))
+            .map_or(0, |i| i + 1);
+        for k in 0..c.len() {
+            let x = &c[(start + k) % c.len()];
+            if open(x) && !x.held && x.tier == want {
+                return Some((x.id.clone(), Role::Next));
+            }
+        }
+    }
+    None
+}
+
+/// What one upstream response means (spec §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Classified {
+    /// 2xx: serve.
+    Served,
+    /// 429 refusing a shared window (or a hard stop): lasting, try the next account.
+    Quota,
+    /// 429 refusing the requested family's window: a detour, pin unchanged.
+    Family,
+    /// Any other 429: hold the account for the Retry-After.
+    RateLimited,
+    /// 401 or 403.
+    AuthRefused,
+    /// 408, 500, 502, 503, 504, 529: retry the same account, then detour.
+    Transient,
+    /// Anything else: returned to the client as is.
+    PassThrough,
+}
+
+/// Classify an upstream status with the quota it reported.
+pub fn classify(status: u16, obs: &Observation, family: Option<Family>, now: u64) -> Classified {
+    match status {
+        200..=299 => Classified::Served,
+        429 if obs.rejects_shared(now) => Classified::Quota,
+        429 if family.is_some_and(|f| obs.rejects_family(f, now)) => Classified::Family,
+        429 => Classified::RateLimited,
+        401 | 403 => Classified::AuthRefused,
+        408 | 500 | 502 | 503 | 504 | 529 => Classified::Transient,
+        _ => Classified::PassThrough,
+    }
+}
+
+/// What happened to one account in one request, for the commit rule and diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Served,
+    /// Failed transiently (after its same-account retries): a detour.
+    Transient,
+    /// Held (429 or refused fresh token): a detour.
+    Hold,
+    /// A shared quota window refused it: lasting.
+    Quota,
+    /// The requested family's window refused it: a detour.
+    Family,
+    /// Its credential was refused for good: lasting.
+    Auth,
+    /// Its answer was returned to the client as is.
+    PassedThrough,
+}
+
+impl AttemptOutcome {
+    pub fn is_lasting(self) -> bool {
+        matches!(self, AttemptOutcome::Quota | AttemptOutcome::Auth)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Served => "served",
+            AttemptOutcome::Transient => "transient",
+            AttemptOutcome::Hold => "hold",
+            AttemptOutcome::Quota => "quota",
+            AttemptOutcome::Family => "family",
+            AttemptOutcome::Auth => "auth",
+            AttemptOutcome::PassedThrough => "passed-through",
+        }
+    }
+}
+
+/// The pin a request saw when it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinSeen {
+    pub account: String,
+    pub generation: i64,
+    /// This request claimed the pin itself (the session had none).
+    pub claimed: bool,
+}
+
+/// What to do with the session's pin after a success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinAction {
+    /// Nothing (no session key, or a detour).
+    Keep,
+    /// The pinned account served: refresh its last use (and confirm a claimed pin).
+    Touch,
+    /// (Re)bind the session to the serving account.
+    Bind,
+}
+
+/// The commit rule (spec §5, fixing #6990): a pin is (re)bound only when the session had
+/// none, or its account is gone for a lasting reason (removed, disabled, in auth error,
+/// shared quota exhausted). A success elsewhere after a transient failure, a hold or a
+/// family limit is a detour and changes nothing. `pinned_gone` says whether the pinned
+/// account is gone for a lasting reason (its outcome in this request, or its state now).
+pub fn pin_action(
+    has_key: bool,
+    seen: Option<&PinSeen>,
+    served: &str,
+    pinned_gone: bool,
+) -> PinAction {
+    match seen {
+        _ if !has_key => PinAction::Keep,
+        None => PinAction::Bind,
+        Some(p) if p.account == served => PinAction::Touch,
+        Some(p) if p.claimed || pinned_gone => PinAction::Bind,
+        Some(_) => PinAction::Keep,
+    }
+}
+
+/// The cursor rule: set it when there is none; move it to the serving account only when
+/// the cursor's account is gone for a lasting reason.
+pub fn cursor_moves(cursor: Option<&str>, served: &str, cursor_gone: bool) -> bool {
+    match cursor {
+        None => true,
+        Some(c) if c == served => false,
+        Some(_) => cursor_gone,
+    }
+}
+
+/// Whether an account is gone for a lasting reason: removed (None), or refused for a
+/// lasting reason now, or refused lastingly during this request.
+pub fn gone_for_good(
+    account: Option<&AccountState>,
+    outcome_here: Option<AttemptOutcome>,
+    threshold: f64,
+    now: u64,
+) -> bool {
+    if outcome_here.is_some_and(AttemptOutcome::is_lasting) {
+        return true;
+    }
+    match account {
+        None => true,
+        Some(a) => matches!(tier(a, None, threshold, now), Tier::Refused(r) if r.is_lasting()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Window;
+
+    const NOW: u64 = 1_000_000;
+    const T: f64 = 0.98;
+
+    fn acct(id: &str) -> AccountState {
+        AccountState {
+            id: id.into(),
+            provider: Provider::Claude,
+            kind: CredentialKind::ApiKey,
+            priority: 0,
+            seq: 0,
+            enabled: true,
+            error: None,
+            held_until: None,
+            hold_kind: None,
+            quota: QuotaState::default(),
+            needs_sign_in: false,
+            token_expires_at: None,
+            refresh_retry_at: None,
+        }
+    }
+
+    fn window(
+        name: &str,
+        family: Option<Family>,
+        util: f64,
+        status: &str,
+        reset: Option<u64>,
+    ) -> Window {
+        Window {
+            name: name.into(),
+            family,
+            utilization: Some(util),
+            resets_at: reset,
+            status: Some(status.into()),
+            observed_at: NOW,
+        }
+    }
+
+    fn with_window(id: &str, w: Window) -> AccountState {
+        let mut a = acct(id);
+        a.quota.windows.push(w);
+        a
+    }
+
+    /// AP-11 (#6169): an account at 99 % but not rejected is a reserve, still eligible.
+    #[test]
+    fn tiers_split_preferred_reserve_and_refused() {
+        let mut disabled = acct("d");
+        disabled.enabled = false;
+        let mut errored = acct("e");
+        errored.error = Some("401".into());
+        let table = [
+            (acct("a"), None, Tier::Preferred),
+            (
+                with_window("n", window("5h", None, 0.99, "allowed", Some(NOW + 10))),
+                None,
+                Tier::Reserve,
+            ),
+            (
+                with_window("r", window("5h", None, 0.5, "rejected", Some(NOW + 10))),
+                None,
+                Tier::Refused(Refusal::SharedExhausted),
+            ),
+            (
+                with_window("p", window("5h", None, 1.0, "rejected", Some(NOW))),
+                None,
+                Tier::Preferred,
+            ),
+            (
+                with_window(
+                    "f",
+                    window("7d_opus", Some(Family::Opus), 1.0, "rejected", None),
+                ),
+                Some(Family::Opus),
+                Tier::Refused(Refusal::FamilyExhausted),
+            ),
+            (
+                with_window(
+                    "g",
+                    window("7d_opus", Some(Family::Opus), 1.0, "rejected", None),
+                ),
+                Some(Family::Sonnet),
+                Tier::Preferred,
+            ),
+            (disabled, None, Tier::Refused(Refusal::Disabled)),
+            (errored, None, Tier::Refused(Refusal::Error)),
+        ];
+        for (a, family, want) in table {
+            assert_eq!(tier(&a, family, T, NOW), want, "{}", a.id);
+        }
+    }
+
+    #[test]
+    fn status_first_match_wins() {
+        let mut held = with_window("h", window("5h", None, 1.0, "rejected", None));
+        held.held_until = Some(NOW + 1);
+        let mut dis_err = acct("x");
+        dis_err.enabled = false;
+        dis_err.error = Some("e".into());
+        let table = [
+            (acct("a"), AccountStatus::Ready),
+            (dis_err, AccountStatus::Disabled),
+            (held, AccountStatus::Held),
+            (
+                with_window("x", window("7d", None, 1.0, "allowed", None)),
+                AccountStatus::Exhausted,
+            ),
+            (
+                with_window("n", window("7d", None, 0.985, "allowed", None)),
+                AccountStatus::NearLimit,
+            ),
+            (
+                with_window(
+                    "f",
+                    window("7d_opus", Some(Family::Opus), 1.0, "rejected", None),
+                ),
+                AccountStatus::Ready,
+            ),
+        ];
+        for (a, want) in table {
+            assert_eq!(status(&a, T, NOW), want, "{}", a.id);
+        }
+    }
+
+    /// AP-10: the pool's blocking time is the earliest across accounts, each account's the
+    /// latest of its blocking windows; Retry-After and availability agree.
+    #[test]
+    fn verdict_blocks_until_the_earliest_account_and_matches_retry_after() {
+        let mut a = with_window("a", window("5h", None, 1.0, "rejected", Some(NOW + 60_000)));
+        a.quota
+            .windows
+            .push(window("7d", None, 0.2, "allowed", Some(NOW + 900_000)));
+        let mut b = with_window("b", window("5h", None, 1.0, "rejected", Some(NOW + 60_000)));
+        b.quota
+            .windows
+            .push(window("7d", None, 1.0, "rejected", Some(NOW + 120_000)));
+        let v = verdict(&[a.clone(), b.clone()], None, T, NOW);
+        assert_eq!(
+            v,
+            Availability::Blocked {
+                retry_at: NOW + 60_000,
+                cause: BlockCause::QuotaExhausted
+            }
+        );
+        let resp = no_eligible_response(v, NOW);
+        assert_eq!((resp.status, resp.retry_after_secs), (429, Some(60)));
+        assert_eq!(
+            verdict(&[b.clone()], None, T, NOW),
+            Availability::Blocked {
+                retry_at: NOW + 120_000,
+                cause: BlockCause::QuotaExhausted
+            }
+        );
+        assert_eq!(verdict(&[a, b], None, T, NOW + 60_000), Availability::Ready);
+    }
+
+    /// AP-21: the unavailable reasons and reset-unknown.
+    #[test]
+    fn verdict_reasons() {
+        let mut off = acct("off");
+        off.enabled = false;
+        let mut err = acct("err");
+        err.error = Some("refused".into());
+        let unknown = with_window("u", window("primary", None, 1.0, "rejected", None));
+        let mut held = acct("h");
+        held.held_until = Some(NOW + 5_500);
+        let table = [
+            (
+                vec![],
+                Availability::Unavailable(UnavailableReason::NoEnabledAccount),
+            ),
+            (
+                vec![off.clone()],
+                Availability::Unavailable(UnavailableReason::NoEnabledAccount),
+            ),
+            (
+                vec![off.clone(), err.clone()],
+                Availability::Unavailable(UnavailableReason::Authentication),
+            ),
+            (
+                vec![err.clone(), unknown.clone()],
+                Availability::Unavailable(UnavailableReason::ResetUnknown),
+            ),
+            (
+                vec![unknown.clone(), held.clone()],
+                Availability::Blocked {
+                    retry_at: NOW + 5_500,
+                    cause: BlockCause::Held,
+                },
+            ),
+            (vec![err, unknown, held, acct("ok")], Availability::Ready),
+        ];
+        for (accounts, want) in table {
+            assert_eq!(
+                verdict(&accounts, None, T, NOW),
+                want,
+                "{:?}",
+                accounts.iter().map(|a| &a.id).collect::<Vec<_>>()
+            );
+        }
+        let r = no_eligible_response(
+            Availability::Unavailable(UnavailableReason::ResetUnknown),
+            NOW,
+        );
+        assert_eq!(r.retry_after_secs, Some(60));
+        assert_eq!(
+            no_eligible_response(
+                Availability::Unavailable(UnavailableReason::NoEnabledAccount),
+                NOW
+            )
+            .status,
+            503
+        );
+        assert_eq!(retry_after_secs(NOW + 5_500, NOW), 6);
+        assert_eq!(retry_after_secs(NOW, NOW), 1);
+    }
+
+    #[test]
+    fn family_verdict_uses_the_family_window() {
+        let a = with_window(
+            "a",
+            window(
+                "7d_opus",
+                Some(Family::Opus),
+                1.0,
+                "rejected",
+                Some(NOW + 30_000),
+            ),
+        );
+        assert_eq!(
+            verdict(std::slice::from_ref(&a), Some(Family::Opus), T, NOW),
+            Availability::Blocked {
+                retry_at: NOW + 30_000,
+                cause: BlockCause::FamilyQuotaExhausted
+            }
+        );
+        assert_eq!(verdict(&[a], None, T, NOW), Availability::Ready);
+    }
+
+    /// AP-11: every account at 99 % still serves (no 429).
+    #[test]
+    fn all_reserve_accounts_are_still_ready() {
+        let a = with_window("a", window("5h", None, 0.99, "allowed", Some(NOW + 1_000)));
+        let b = with_window(
+            "b",
+            window("5h", None, 0.995, "allowed_warning", Some(NOW + 1_000)),
+        );
+        assert_eq!(verdict(&[a, b], None, T, NOW), Availability::Ready);
+    }
+
+    fn cands(spec: &[(&str, Tier, bool)]) -> Vec<Candidate> {
+        spec.iter()
+            .map(|(id, tier, held)| Candidate {
+                id: (*id).into(),
+                tier: *tier,
+                held: *held,
+            })
+            .collect()
+    }
+
+    #[allow(clippy::type_complexity)] // a table of cases reads better inline
+    #[test]
+    fn choose_follows_pin_parent_cursor_then_next_wrapping() {
+        use Tier::*;
+        let abc = cands(&[
+            ("a", Preferred, false),
+            ("b", Preferred, false),
+            ("c", Preferred, false),
+        ]);
+        let refused = Refused(Refusal::SharedExhausted);
+        let s = |attempted: &[&str], pinned, inherited, cursor, previous| {
+            let attempted: Vec<String> = attempted.iter().map(|s| s.to_string()).collect();
+            (attempted, pinned, inherited, cursor, previous)
+        };
+        let table: Vec<(
+            &str,
+            Vec<Candidate>,
+            (
+                Vec<String>,
+                Option<&str>,
+                Option<&str>,
+                Option<&str>,
+                Option<&str>,
+            ),
+            Option<(&str, Role)>,
+        )> = vec![
+            (
+                "pin first",
+                abc.clone(),
+                s(&[], Some("b"), Some("c"), Some("a"), None),
+                Some(("b", Role::Pinned)),
+            ),
+            (
+                "pin even when held",
+                cands(&[("a", Preferred, true)]),
+                s(&[], Some("a"), None, None, None),
+                Some(("a", Role::Pinned)),
+            ),
+            (
+                "parent when no pin",
+                abc.clone(),
+                s(&[], None, Some("c"), Some("a"), None),
+                Some(("c", Role::Inherited)),
+            ),
+            (
+                "cursor for new",
+                abc.clone(),
+                s(&[], None, None, Some("b"), None),
+                Some(("b", Role::Cursor)),
+            ),
+            (
+                "first when no cursor",
+                abc.clone(),
+                s(&[], None, None, None, None),
+                Some(("a", Role::Next)),
+            ),
+            (
+                "next after previous",
+                abc.clone(),
+                s(&["b"], Some("b"), None, Some("a"), Some("b")),
+                Some(("c", Role::Next)),
+            ),
+            (
+                "wraps",
+                abc.clone(),
+                s(&["c"], None, None, Some("c"), Some("c")),
+                Some(("a", Role::Next)),
+            ),
+            (
+                "skips refused cursor",
+                cands(&[
+                    ("a", Preferred, false),
+                    ("b", refused, false),
+                    ("c", Preferred, false),
+                ]),
+                s(&[], None, None, Some("b"), None),
+                Some(("c", Role::Next)),
+            ),
+            (
+                "skips held",
+                cands(&[("a", Preferred, true), ("b", Preferred, false)]),
+                s(&[], None, None, Some("a"), None),
+                Some(("b", Role::Next)),
+            ),
+            (
+                "preferred before reserve for new",
+                cands(&[("a", Reserve, false), ("b", Preferred, false)]),
+                s(&[], None, None, Some("a"), None),
+                Some(("b", Role::Next)),
+            ),
+            (
+                "reserve cursor when nothing preferred",
+                cands(&[("a", Reserve, false), ("b", refused, false)]),
+                s(&[], None, None, Some("a"), None),
+                Some(("a", Role::Cursor)),
+            ),
+            (
+                "pinned reserve stays",
+                cands(&[("a", Reserve, false), ("b", Preferred, false)]),
+                s(&[], Some("a"), None, Some("b"), None),
+                Some(("a", Role::Pinned)),
+            ),
+            (
+                "nothing left",
+                abc.clone(),
+                s(&["a", "b", "c"], None, None, None, Some("c")),
+                None,
+            ),
+        ];
+        for (name, candidates, (attempted, pinned, inherited, cursor, previous), want) in table {
+            let got = choose(Selection {
+                candidates: &candidates,
+                attempted: &attempted,
+                pinned,
+                inherited,
+                cursor,
+                previous,
+            });
+            assert_eq!(
+                got.as_ref().map(|(id, r)| (id.as_str(), *r)),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    /// The outcome table of spec §4.
+    #[test]
+    fn classify_outcomes() {
+        let none = Observation::default();
+        let shared = Observation {
+            windows: vec![window("5h", None, 1.0, "rejected", Some(NOW + 1))],
+            ..Observation::default()
+        };
+        let opus = Observation {
+            windows: vec![window("7d_opus", Some(Family::Opus), 1.0, "rejected", None)],
+            ..Observation::default()
+        };
+        let table = [
+            (200, &none, None, Classified::Served),
+            (201, &none, None, Classified::Served),
+            (429, &shared, Some(Family::Opus), Classified::Quota),
+            (429, &opus, Some(Family::Opus), Classified::Family),
+            (429, &opus, Some(Family::Sonnet), Classified::RateLimited),
+            (429, &none, None, Classified::RateLimited),
+            (401, &none, None, Classified::AuthRefused),
+            (403, &none, None, Classified::AuthRefused),
+            (408, &none, None, Classified::Transient),
+            (500, &none, None, Classified::Transient),
+            (502, &none, None, Classified::Transient),
+            (503, &none, None, Classified::Transient),
+            (504, &none, None, Classified::Transient),
+            (529, &none, None, Classified::Transient),
+            (400, &none, None, Classified::PassThrough),
+            (404, &none, None, Classified::PassThrough),
+            (413, &none, None, Classified::PassThrough),
+            (501, &none, None, Classified::PassThrough),
+        ];
+        for (status, obs, family, want) in table {
+            assert_eq!(classify(status, obs, family, NOW), want, "{status}");
+        }
+    }
+
+    /// #6990: detours never move the pin; lasting reasons and new sessions bind.
+    #[test]
+    fn pin_commit_rule() {
+        let seen = |account: &str, claimed| PinSeen {
+            account: account.into(),
+            generation: 1,
+            claimed,
+        };
+        let table = [
+            ("no key", false, None, "b", false, PinAction::Keep),
+            ("new session binds", true, None, "b", false, PinAction::Bind),
+            (
+                "own account touches",
+                true,
+                Some(seen("a", false)),
+                "a",
+                false,
+                PinAction::Touch,
+            ),
+            (
+                "detour keeps",
+                true,
+                Some(seen("a", false)),
+                "b",
+                false,
+                PinAction::Keep,
+            ),
+            (
+                "lasting rebinds",
+                true,
+                Some(seen("a", false)),
+                "b",
+                true,
+                PinAction::Bind,
+            ),
+            (
+                "claimed binds to server",
+                true,
+                Some(seen("a", true)),
+                "b",
+                false,
+                PinAction::Bind,
+            ),
+        ];
+        for (name, has_key, seen, served, gone, want) in table {
+            assert_eq!(
+                pin_action(has_key, seen.as_ref(), served, gone),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn cursor_rule_and_lasting_reasons() {
+        assert!(cursor_moves(None, "a", false));
+        assert!(!cursor_moves(Some("a"), "a", true));
+        assert!(!cursor_moves(Some("a"), "b", false));
+        assert!(cursor_moves(Some("a"), "b", true));
+
+        let a = acct("a");
+        let mut off = acct("off");
+        off.enabled = false;
+        let fam = with_window(
+            "f",
+            window("7d_opus", Some(Family::Opus), 1.0, "rejected", None),
+        );
+        let table = [
+            (None, None, true),
+            (Some(&a), None, false),
+            (Some(&a), Some(AttemptOutcome::Transient), false),
+            (Some(&a), Some(AttemptOutcome::Hold), false),
+            (Some(&a), Some(AttemptOutcome::Family), false),
+            (Some(&a), Some(AttemptOutcome::Auth), true),
+            (Some(&a), Some(AttemptOutcome::Quota), true),
+            (Some(&off), None, true),
+            (Some(&fam), None, false),
+        ];
+        for (account, outcome, want) in table {
+            assert_eq!(
+                gone_for_good(account, outcome, T, NOW),
+                want,
+                "{account:?} {outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn expired_token_in_refresh_backoff_is_unusable_until_the_retry() {
+        let mut a = acct("o");
+        a.kind = CredentialKind::OAuth;
+        a.token_expires_at = Some(NOW - 1);
+        a.refresh_retry_at = Some(NOW + 4_000);
+        assert_eq!(a.unusable_until(NOW), Some(NOW + 4_000));
+        a.token_expires_at = Some(NOW + 1);
+        assert_eq!(
+            a.unusable_until(NOW),
+            None,
+            "a valid token keeps serving during backoff"
+        );
+    }
+}

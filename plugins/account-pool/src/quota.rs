@@ -1,0 +1,801 @@
+//! Quota observations: parsing the upstreams' rate-limit headers and usage endpoints,
+//! merging observations into an account's stored windows, and the predicates over them
+//! (rejected, near the switch threshold, blocking reset).
+//!
+//! Utilization is always a fraction 0..=1. A window whose reset has passed never blocks,
+//! whatever it last said.
+
+use crate::http::Headers;
+use crate::model::Family;
+use serde_json::Value;
+
+/// What a `Retry-After` means when it is missing or unreadable.
+pub const DEFAULT_RETRY_AFTER_MS: u64 = 1_000;
+
+/// A numeric reset below this is in seconds; at or above, in milliseconds.
+const SECONDS_LIMIT: f64 = 1e12;
+
+/// Parse an absolute reset: a number (seconds below 10¹², else milliseconds) or an HTTP
+/// date / RFC 3339 time.
+pub fn parse_reset(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<f64>() {
+        if !n.is_finite() || n < 0.0 {
+            return None;
+        }
+        return Some(if n < SECONDS_LIMIT {
+            (n * 1000.0).round() as u64
+        } else {
+            n as u64
+        });
+    }
+    parse_http_date(s)
+}
+
+fn parse_http_date(s: &str) -> Option<u64> {
+    let t = httpdate::parse_http_date(s).ok()?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(d.as_millis()).ok()
+}
+
+/// `Retry-After` as a delay in milliseconds: numeric seconds (fractions rounded up to the
+/// millisecond) or an HTTP date minus `now`. Missing or invalid: 1 s.
+pub fn parse_retry_after(value: Option<&str>, now: u64) -> u64 {
+    retry_after_ms(value, now).unwrap_or(DEFAULT_RETRY_AFTER_MS)
+}
+
+/// `Retry-After` as a delay in milliseconds, None when missing or invalid.
+pub fn retry_after_ms(value: Option<&str>, now: u64) -> Option<u64> {
+    let v = value?.trim();
+    if let Ok(secs) = v.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0).ceil() as u64);
+    }
+    parse_http_date(v).map(|at| at.saturating_sub(now))
+}
+
+/// One observed quota window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    /// `5h`, `7d`, `7d_<bucket>` (Claude), `primary`, `secondary` (Codex).
+    pub name: String,
+    /// The family a scoped window applies to; None for shared windows.
+    pub family: Option<Family>,
+    pub utilization: Option<f64>,
+    pub resets_at: Option<u64>,
+    /// `allowed`, `allowed_warning` or `rejected`.
+    pub status: Option<String>,
+    pub observed_at: u64,
+}
+
+impl Window {
+    fn reset_pending(&self, now: u64) -> bool {
+        self.resets_at.is_none_or(|r| r > now)
+    }
+
+    /// Refused by the upstream: status `rejected` or utilization ≥ 1, reset not passed.
+    pub fn rejected(&self, now: u64) -> bool {
+        self.reset_pending(now)
+            && (self.status.as_deref() == Some("rejected")
+                || self.utilization.is_some_and(|u| u >= 1.0))
+    }
+
+    /// At or over the switch threshold but not refused: a reserve account (#6169).
+    pub fn near(&self, threshold: f64, now: u64) -> bool {
+        self.reset_pending(now)
+            && !self.rejected(now)
+            && self.utilization.is_some_and(|u| u >= threshold)
+    }
+}
+
+/// A usage restriction (Codex workspace hard stop): blocks even below the threshold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Restriction {
+    pub reason: String,
+    pub resets_at: Option<u64>,
+}
+
+/// Everything observed about one account's quota.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QuotaState {
+    pub windows: Vec<Window>,
+    /// Claude `overage-status` (`allowed`, `allowed_warning`, `rejected`).
+    pub overage: Option<String>,
+    /// Codex credits that allow use beyond the windows.
+    pub credits: Option<bool>,
+    pub representative_claim: Option<String>,
+    pub restriction: Option<Restriction>,
+}
+
+/// When an account will serve again, as far as its quota goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockingReset {
+    /// Nothing blocks.
+    NotBlocked,
+    /// Blocked until this time (the latest reset among the blocking windows).
+    At(u64),
+    /// Blocked by a window (or restriction) without a known reset.
+    Unknown,
+}
+
+impl QuotaState {
+    pub fn restricted(&self, now: u64) -> bool {
+        self.restriction
+            .as_ref()
+            .is_some_and(|r| r.resets_at.is_none_or(|t| t > now))
+    }
+
+    /// Extra usage (paid overage or credits) lets an account serve a family whose window
+    /// is exhausted.
+    pub fn extra_usage(&self, now: u64) -> bool {
+        !self.restricted(now)
+            && (matches!(self.overage.as_deref(), Some("allowed" | "allowed_warning"))
+                || self.credits == Some(true))
+    }
+
+    fn shared(&self) -> impl Iterator<Item = &Window> {
+        self.windows.iter().filter(|w| w.family.is_none())
+    }
+
+    fn scoped(&self, family: Family) -> impl Iterator<Item = &Window> {
+        self.windows
+            .iter()
+            .filter(move |w| w.family == Some(family))
+    }
+
+    /// A shared window (5 h, 7 d, a Codex window) is refused.
+    pub fn shared_exhausted(&self, now: u64) -> bool {
+        self.shared().any(|w| w.rejected(now))
+    }
+
+    /// The family's own window is refused and no extra usage covers it.
+    pub fn family_exhausted(&self, family: Family, now: u64) -> bool {
+        !self.extra_usage(now) && self.scoped(family).any(|w| w.rejected(now))
+    }
+
+    /// A shared or (when given) family window is at or over the threshold.
+    pub fn near_limit(&self, family: Option<Family>, threshold: f64, now: u64) -> bool {
+        self.shared().any(|w| w.near(threshold, now))
+            || family.is_some_and(|f| self.scoped(f).any(|w| w.near(threshold, now)))
+    }
+
+    /// The account's blocking reset for `family`: the restriction's reset when restricted;
+    /// else the **latest** reset among the refused shared windows and the refused family
+    /// window; unknown when one of them has no reset.
+    pub fn blocking_reset(&self, family: Option<Family>, now: u64) -> BlockingReset {
+        if self.restricted(now) {
+            return match self.restriction.as_ref().and_then(|r| r.resets_at) {
+                Some(t) => BlockingReset::At(t),
+                None => BlockingReset::Unknown,
+            };
+        }
+        let family_blocks = family.is_some_and(|f| self.family_exhausted(f, now));
+        let blocking = self.windows.iter().filter(|w| {
+            w.rejected(now)
+                && match w.family {
+                    None => true,
+                    Some(f) => family_blocks && Some(f) == family,
+                }
+        });
+        let mut latest = None;
+        for w in blocking {
+            match w.resets_at {
+                None => return BlockingReset::Unknown,
+                Some(t) => latest = Some(latest.map_or(t, |l: u64| l.max(t))),
+            }
+        }
+        latest.map_or(BlockingReset::NotBlocked, BlockingReset::At)
+    }
+
+    /// Merge an observation: windows are updated field by field (absent fields keep their
+    /// previous value); other fields replace when present.
+    pub fn merge(&mut self, obs: &Observation) {
+        for w in &obs.windows {
+            match self.windows.iter_mut().find(|x| x.name == w.name) {
+                Some(x) => {
+                    x.family = w.family.or(x.family);
+                    if w.utilization.is_some() {
+                        x.utilization = w.utilization;
+                    }
+                    if w.resets_at.is_some() {
+                        x.resets_at = w.resets_at;
+                    }
+                    if w.status.is_some() {
+                        x.status = w.status.clone();
+                    }
+                    x.observed_at = w.observed_at;
+                }
+                None => self.windows.push(w.clone()),
+            }
+        }
+        if obs.overage.is_some() {
+            self.overage = obs.overage.clone();
+        }
+        if obs.credits.is_some() {
+            self.credits = obs.credits;
+        }
+        if obs.representative_claim.is_some() {
+            self.representative_claim = obs.representative_claim.clone();
+        }
+        if obs.restriction.is_some() {
+            self.restriction = obs.restriction.clone();
+        } else if obs.clears_restriction {
+            self.restriction = None;
+        }
+    }
+}
+
+/// What one response (or usage fetch) said about quota.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Observation {
+    pub windows: Vec<Window>,
+    pub overage: Option<String>,
+    pub credits: Option<bool>,
+    pub representative_claim: Option<String>,
+    pub restriction: Option<Restriction>,
+    /// A full usage snapshot without a restriction lifts a stored one.
+    pub clears_restriction: bool,
+}
+
+impl Observation {
+    pub fn is_empty(&self) -> bool {
+        self.windows.is_empty()
+            && self.overage.is_none()
+            && self.credits.is_none()
+            && self.representative_claim.is_none()
+            && self.restriction.is_none()
+    }
+
+    /// A shared window is refused in this observation (a quota 429, lasting).
+    pub fn rejects_shared(&self, now: u64) -> bool {
+        self.restriction.is_some()
+            || self
+                .windows
+                .iter()
+                .any(|w| w.family.is_none() && w.rejected(now))
+    }
+
+    /// The given family's window is refused in this observation (a family detour).
+    pub fn rejects_family(&self, family: Family, now: u64) -> bool {
+        self.windows
+            .iter()
+            .any(|w| w.family == Some(family) && w.rejected(now))
+    }
+}
+
+const CLAUDE_PREFIX: &str = "anthropic-ratelimit-unified-";
+
+/// Parse Claude's `anthropic-ratelimit-unified-*` headers: `5h-` and `7d-`
+/// `utilization|reset|status`, every scoped `7d_<bucket>-…` filed under the family its
+/// bucket name names, `overage-status` and `representative-claim`.
+pub fn parse_claude_headers(headers: &Headers, now: u64) -> Observation {
+    let mut obs = Observation::default();
+    let mut names: Vec<String> = Vec::new();
+    for (name, _) in headers.iter() {
+        let Some(rest) = name.strip_prefix(CLAUDE_PREFIX) else {
+            continue;
+        };
+        for suffix in ["-utilization", "-reset", "-status"] {
+            if let Some(window) = rest.strip_suffix(suffix)
+                && (window == "5h" || window == "7d" || window.starts_with("7d_"))
+                && !names.iter().any(|n| n == window)
+            {
+                names.push(window.to_owned());
+            }
+        }
+    }
+    for name in names {
+        let get = |field: &str| headers.get(&format!("{CLAUDE_PREFIX}{name}-{field}"));
+        let utilization = get("utilization")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|u| u.is_finite())
+            .map(|u| u.clamp(0.0, 1.0));
+        let family = name.strip_prefix("7d_").map(Family::of);
+        obs.windows.push(Window {
+            family,
+            utilization,
+            resets_at: get("reset").and_then(parse_reset),
+            status: get("status").map(|s| s.trim().to_ascii_lowercase()),
+            observed_at: now,
+            name,
+        });
+    }
+    obs.overage = headers
+        .get(&format!("{CLAUDE_PREFIX}overage-status"))
+        .map(|s| s.trim().to_ascii_lowercase());
+    obs.representative_claim = headers
+        .get(&format!("{CLAUDE_PREFIX}representative-claim"))
+        .map(|s| s.trim().to_owned());
+    obs
+}
+
+/// The Codex workspace hard stops that become a usage restriction.
+const CODEX_HARD_STOPS: [&str; 5] = [
+    "workspace_owner_credits_depleted",
+    "workspace_member_credits_depleted",
+    "workspace_owner_usage_limit_reached",
+    "workspace_member_usage_limit_reached",
+    "spend_control_reached",
+];
+
+/// Parse Codex's `x-codex-{primary|secondary}-*` windows (`used-percent` ÷ 100,
+/// `window-minutes`, `reset-at` or `reset-after-seconds`, `over-limit`), the
+/// `x-codex-credits-*` headers (credits count as extra usage) and a hard stop named by
+/// `x-codex-rate-limit-reached-type` (unknown limit types are ignored).
+pub fn parse_codex_headers(headers: &Headers, now: u64) -> Observation {
+    let mut obs = Observation::default();
+    for slot in ["primary", "secondary"] {
+        let get = |field: &str| headers.get(&format!("x-codex-{slot}-{field}"));
+        let used = get("used-percent")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|u| u.is_finite())
+            .map(|u| (u / 100.0).clamp(0.0, 1.0));
+        let reset = get("reset-at").and_then(parse_reset).or_else(|| {
+            get("reset-after-seconds")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(|s| now + (s * 1000.0).ceil() as u64)
+        });
+        let over = get("over-limit").map(|v| v.trim().eq_ignore_ascii_case("true"));
+        if used.is_none() && reset.is_none() && over.is_none() {
+            continue;
+        }
+        let rejected = over == Some(true) || used.is_some_and(|u| u >= 1.0);
+        obs.windows.push(Window {
+            name: slot.to_owned(),
+            family: None,
+            utilization: used,
+            resets_at: reset,
+            status: Some(if rejected { "rejected" } else { "allowed" }.to_owned()),
+            observed_at: now,
+        });
+    }
+    let flag = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| v.trim().eq_ignore_ascii_case("true"))
+    };
+    let has = flag("x-codex-credits-has-credits");
+    let unlimited = flag("x-codex-credits-unlimited");
+    if has.is_some() || unlimited.is_some() {
+        obs.credits = Some(has == Some(true) || unlimited == Some(true));
+    }
+    if let Some(kind) = headers.get("x-codex-rate-limit-reached-type") {
+        let kind = kind.trim();
+        if CODEX_HARD_STOPS.contains(&kind) {
+            obs.restriction = Some(Restriction {
+                reason: kind.to_owned(),
+                resets_at: None,
+            });
+        }
+    }
+    obs
+}
+
+fn percent(v: Option<&Value>) -> Option<f64> {
+    v.and_then(Value::as_f64)
+        .filter(|u| u.is_finite())
+        .map(|u| (u / 100.0).clamp(0.0, 1.0))
+}
+
+fn usage_window(name: &str, family: Option<Family>, v: &Value, now: u64) -> Option<Window> {
+    let utilization = percent(v.get("utilization").or_else(|| v.get("used_percent")));
+    let resets_at = match v.get("resets_at").or_else(|| v.get("reset_at")) {
+        Some(Value::String(s)) => parse_reset(s).or_else(|| parse_rfc3339(s)),
+        Some(Value::Number(n)) => n.as_f64().and_then(|f| parse_reset(&f.to_string())),
+        _ => None,
+    }
+    .or_else(|| {
+        v.get("reset_after_seconds")
+            .and_then(Value::as_f64)
+            .map(|s| now + (s * 1000.0).ceil() as u64)
+    });
+    utilization?;
+    let status = if utilization.is_some_and(|u| u >= 1.0) {
+        "rejected"
+    } else {
+        "allowed"
+    };
+    Some(Window {
+        name: name.to_owned(),
+        family,
+        utilization,
+        resets_at,
+        status: Some(status.to_owned()),
+        observed_at: now,
+    })
+}
+
+/// Parse Claude's usage endpoint (`GET /api/oauth/usage`): `five_hour`, `seven_day`,
+/// `seven_day_<family>`; values are percent.
+pub fn parse_claude_usage(body: &Value, now: u64) -> Observation {
+    let mut obs = Observation {
+        clears_restriction: true,
+        ..Observation::default()
+    };
+    for (key, name) in [("five_hour", "5h"), ("seven_day", "7d")] {
+        if let Some(w) = body.get(key).and_then(|v| usage_window(name, None, v, now)) {
+            obs.windows.push(w);
+        }
+    }
+    if let Some(map) = body.as_object() {
+        for (key, v) in map {
+            if let Some(bucket) = key.strip_prefix("seven_day_")
+                && let Some(w) =
+                    usage_window(&format!("7d_{bucket}"), Some(Family::of(bucket)), v, now)
+            {
+                obs.windows.push(w);
+            }
+        }
+    }
+    obs
+}
+
+/// Parse Codex's usage endpoint (`GET …/wham/usage`): `rate_limit.primary_window` and
+/// `secondary_window`, and `credits`.
+pub fn parse_codex_usage(body: &Value, now: u64) -> Observation {
+    let mut obs = Observation {
+        clears_restriction: true,
+        ..Observation::default()
+    };
+    for (key, name) in [
+        ("primary_window", "primary"),
+        ("secondary_window", "secondary"),
+    ] {
+        if let Some(w) = body
+            .pointer(&format!("/rate_limit/{key}"))
+            .and_then(|v| usage_window(name, None, v, now))
+        {
+            obs.windows.push(w);
+        }
+    }
+    if let Some(c) = body.get("credits") {
+        let has = c.get("has_credits").and_then(Value::as_bool);
+        let unlimited = c.get("unlimited").and_then(Value::as_bool);
+        if has.is_some() || unlimited.is_some() {
+            obs.credits = Some(has == Some(true) || unlimited == Some(true));
+        }
+    }
+    obs
+}
+
+/// A minimal RFC 3339 reader (`2026-11-04T10:00:00Z`, optional fraction and offset), for
+/// usage endpoints that state resets as ISO times.
+fn parse_rfc3339(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !(b[10] == b'T' || b[10] == b't' || b[10] == b' ')
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let mut rest = &s[19..];
+    let mut millis = 0i64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits: String = frac.chars().take_while(char::is_ascii_digit).collect();
+        let mut ms = digits.chars().take(3).collect::<String>();
+        while ms.len() < 3 {
+            ms.push('0');
+        }
+        millis = ms.parse().ok()?;
+        rest = &frac[digits.len()..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let oh: i64 = rest.get(1..3)?.parse().ok()?;
+            let om: i64 = rest.get(4..6)?.parse().ok()?;
+            sign * (oh * 60 + om)
+        }
+    };
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_min * 60;
+    u64::try_from(secs * 1000 + millis).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn numeric_resets_are_seconds_below_1e12_else_milliseconds() {
+        let table = [
+            ("1700000060", Some(1_700_000_060_000)),
+            ("1700000060000", Some(1_700_000_060_000)),
+            ("1700000060.5", Some(1_700_000_060_500)),
+            ("Sun, 06 Nov 1994 08:49:37 GMT", Some(784_111_777_000)),
+            ("-5", None),
+            ("soon", None),
+        ];
+        for (input, want) in table {
+            assert_eq!(parse_reset(input), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_http_date_else_one_second() {
+        let date = httpdate::fmt_http_date(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(NOW + 30_000),
+        );
+        let table: [(Option<&str>, u64); 6] = [
+            (Some("7"), 7_000),
+            (Some("0.0015"), 2),
+            (Some(date.as_str()), 30_000),
+            (Some("garbage"), 1_000),
+            (Some("-3"), 1_000),
+            (None, 1_000),
+        ];
+        for (input, want) in table {
+            assert_eq!(parse_retry_after(input, NOW), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn rfc3339_times_parse() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:01Z"), Some(1000));
+        assert_eq!(
+            parse_rfc3339("2023-11-14T22:13:20.250Z"),
+            Some(1_700_000_000_250)
+        );
+        assert_eq!(
+            parse_rfc3339("2023-11-14T23:13:20+01:00"),
+            Some(1_700_000_000_000)
+        );
+        assert_eq!(parse_rfc3339("yesterday"), None);
+    }
+
+    fn claude_headers(pairs: &[(&str, &str)]) -> Headers {
+        let mut h = Headers::new();
+        for (n, v) in pairs {
+            h.push(&format!("{CLAUDE_PREFIX}{n}"), *v);
+        }
+        h
+    }
+
+    #[test]
+    fn claude_headers_file_scoped_buckets_by_bucket_name() {
+        let h = claude_headers(&[
+            ("5h-utilization", "0.42"),
+            ("5h-reset", "1700003600"),
+            ("5h-status", "allowed"),
+            ("7d-utilization", "0.9"),
+            ("7d_opus-status", "rejected"),
+            ("7d_opus-reset", "1700100000"),
+            ("7d_sonnet-utilization", "0.5"),
+            ("overage-status", "allowed_warning"),
+            ("representative-claim", "five_hour"),
+        ]);
+        let obs = parse_claude_headers(&h, NOW);
+        let w = |name: &str| obs.windows.iter().find(|w| w.name == name).unwrap().clone();
+        assert_eq!(w("5h").utilization, Some(0.42));
+        assert_eq!(w("5h").resets_at, Some(1_700_003_600_000));
+        assert_eq!(w("5h").family, None);
+        assert_eq!(w("7d").status, None);
+        assert_eq!(w("7d_opus").family, Some(Family::Opus));
+        assert!(w("7d_opus").rejected(NOW));
+        assert_eq!(w("7d_sonnet").family, Some(Family::Sonnet));
+        assert_eq!(obs.overage.as_deref(), Some("allowed_warning"));
+        assert_eq!(obs.representative_claim.as_deref(), Some("five_hour"));
+        assert!(!obs.rejects_shared(NOW));
+        assert!(obs.rejects_family(Family::Opus, NOW));
+        assert!(
+            !obs.rejects_family(Family::Sonnet, NOW),
+            "filed by bucket, not by request"
+        );
+    }
+
+    #[test]
+    fn claude_shared_rejection_is_detected() {
+        let h = claude_headers(&[("5h-status", "rejected"), ("5h-reset", "1700000060")]);
+        let obs = parse_claude_headers(&h, NOW);
+        assert!(obs.rejects_shared(NOW));
+        assert!(
+            !obs.rejects_shared(1_700_000_060_000),
+            "a passed reset never blocks"
+        );
+    }
+
+    #[test]
+    fn codex_headers_windows_credits_and_hard_stops() {
+        let h = Headers::from([
+            ("x-codex-primary-used-percent", "100"),
+            ("x-codex-primary-window-minutes", "300"),
+            ("x-codex-primary-reset-after-seconds", "60"),
+            ("x-codex-secondary-used-percent", "35.5"),
+            ("x-codex-secondary-reset-at", "1700500000"),
+            ("x-codex-credits-has-credits", "false"),
+            ("x-codex-credits-unlimited", "true"),
+            (
+                "x-codex-rate-limit-reached-type",
+                "workspace_member_usage_limit_reached",
+            ),
+        ]);
+        let obs = parse_codex_headers(&h, NOW);
+        let p = &obs.windows[0];
+        assert_eq!(
+            (p.name.as_str(), p.utilization, p.resets_at),
+            ("primary", Some(1.0), Some(NOW + 60_000))
+        );
+        assert_eq!(p.status.as_deref(), Some("rejected"));
+        let s = &obs.windows[1];
+        assert_eq!(
+            (s.utilization, s.resets_at),
+            (Some(0.355), Some(1_700_500_000_000))
+        );
+        assert_eq!(obs.credits, Some(true));
+        assert_eq!(
+            obs.restriction.as_ref().unwrap().reason,
+            "workspace_member_usage_limit_reached"
+        );
+        let over = parse_codex_headers(
+            &Headers::from([("x-codex-primary-over-limit", "true")]),
+            NOW,
+        );
+        assert!(
+            over.rejects_shared(NOW),
+            "over-limit without utilization still refuses"
+        );
+        let unknown = parse_codex_headers(
+            &Headers::from([("x-codex-rate-limit-reached-type", "mystery")]),
+            NOW,
+        );
+        assert!(
+            unknown.restriction.is_none(),
+            "unknown limit types are ignored"
+        );
+    }
+
+    fn win(
+        name: &str,
+        family: Option<Family>,
+        util: Option<f64>,
+        reset: Option<u64>,
+        status: Option<&str>,
+    ) -> Window {
+        Window {
+            name: name.into(),
+            family,
+            utilization: util,
+            resets_at: reset,
+            status: status.map(str::to_owned),
+            observed_at: NOW,
+        }
+    }
+
+    #[test]
+    fn blocking_reset_is_the_latest_active_window_and_passed_resets_never_block() {
+        let q = QuotaState {
+            windows: vec![
+                win("5h", None, Some(1.0), Some(NOW + 60_000), None),
+                win("7d", None, None, Some(NOW + 600_000), Some("rejected")),
+                win(
+                    "7d_opus",
+                    Some(Family::Opus),
+                    None,
+                    Some(NOW + 900_000),
+                    Some("rejected"),
+                ),
+                win("stale", None, Some(1.0), Some(NOW - 1), Some("rejected")),
+            ],
+            ..QuotaState::default()
+        };
+        let table = [
+            (None, NOW, BlockingReset::At(NOW + 600_000)),
+            (Some(Family::Sonnet), NOW, BlockingReset::At(NOW + 600_000)),
+            (Some(Family::Opus), NOW, BlockingReset::At(NOW + 900_000)),
+            (
+                Some(Family::Opus),
+                NOW + 700_000,
+                BlockingReset::At(NOW + 900_000),
+            ),
+            (
+                Some(Family::Sonnet),
+                NOW + 700_000,
+                BlockingReset::NotBlocked,
+            ),
+        ];
+        for (family, now, want) in table {
+            assert_eq!(q.blocking_reset(family, now), want, "{family:?} at {now}");
+        }
+        let unknown = QuotaState {
+            windows: vec![win("primary", None, Some(1.0), None, None)],
+            ..QuotaState::default()
+        };
+        assert_eq!(unknown.blocking_reset(None, NOW), BlockingReset::Unknown);
+    }
+
+    #[test]
+    fn near_limit_is_reserve_not_rejected() {
+        let q = QuotaState {
+            windows: vec![win("5h", None, Some(0.99), Some(NOW + 1), Some("allowed"))],
+            ..QuotaState::default()
+        };
+        assert!(q.near_limit(None, 0.98, NOW));
+        assert!(!q.shared_exhausted(NOW));
+        assert!(!q.near_limit(None, 0.995, NOW));
+        assert!(
+            !q.near_limit(None, 0.98, NOW + 1),
+            "a passed reset lifts it"
+        );
+    }
+
+    #[test]
+    fn extra_usage_covers_family_windows_only_without_restriction() {
+        let mut q = QuotaState {
+            windows: vec![win("7d_opus", Some(Family::Opus), Some(1.0), None, None)],
+            overage: Some("allowed".into()),
+            ..QuotaState::default()
+        };
+        assert!(!q.family_exhausted(Family::Opus, NOW));
+        q.overage = Some("rejected".into());
+        assert!(q.family_exhausted(Family::Opus, NOW));
+        q.credits = Some(true);
+        assert!(!q.family_exhausted(Family::Opus, NOW));
+        q.restriction = Some(Restriction {
+            reason: "x".into(),
+            resets_at: None,
+        });
+        assert!(q.family_exhausted(Family::Opus, NOW));
+        assert_eq!(q.blocking_reset(None, NOW), BlockingReset::Unknown);
+    }
+
+    #[test]
+    fn merge_keeps_absent_fields() {
+        let mut q = QuotaState::default();
+        q.merge(&Observation {
+            windows: vec![win("5h", None, Some(0.5), Some(NOW + 5), Some("allowed"))],
+            ..Observation::default()
+        });
+        q.merge(&Observation {
+            windows: vec![win("5h", None, None, None, Some("rejected"))],
+            overage: Some("rejected".into()),
+            ..Observation::default()
+        });
+        let w = &q.windows[0];
+        assert_eq!(
+            (w.utilization, w.resets_at, w.status.as_deref()),
+            (Some(0.5), Some(NOW + 5), Some("rejected"))
+        );
+        assert_eq!(q.overage.as_deref(), Some("rejected"));
+    }
+
+    #[test]
+    fn usage_endpoints_parse_percent_windows() {
+        let claude = serde_json::json!({
+            "five_hour": {"utilization": 30.0, "resets_at": "2023-11-14T23:13:20Z"},
+            "seven_day": {"utilization": 100.0, "resets_at": null},
+            "seven_day_opus": {"utilization": 12.0},
+        });
+        let obs = parse_claude_usage(&claude, NOW);
+        assert_eq!(obs.windows.len(), 3);
+        assert_eq!(obs.windows[0].utilization, Some(0.3));
+        assert_eq!(obs.windows[0].resets_at, Some(1_700_003_600_000));
+        assert!(obs.windows[1].rejected(NOW));
+        assert_eq!(obs.windows[2].family, Some(Family::Opus));
+        let codex = serde_json::json!({"rate_limit": {
+            "primary_window": {"used_percent": 10, "reset_after_seconds": 100},
+            "secondary_window": {"used_percent": 100, "reset_at": 1700000100}},
+            "credits": {"has_credits": true}});
+        let obs = parse_codex_usage(&codex, NOW);
+        assert_eq!(obs.windows[0].resets_at, Some(NOW + 100_000));
+        assert!(obs.rejects_shared(NOW));
+        assert_eq!(obs.credits, Some(true));
+    }
+}

@@ -1,0 +1,358 @@
+//! Session keys: which conversation a request belongs to (and its parent), read from the
+//! request's headers and JSON body, plus the requested model's family.
+//!
+//! Keys are namespaced: `session:<id>` for real session ids, `cache:<prompt_cache_key>`
+//! for Codex requests that carry only a cache key, so the two never collide.
+
+use crate::http::Headers;
+use crate::model::{Family, Provider};
+use serde_json::Value;
+
+/// The longest accepted session id, in characters.
+pub const MAX_ID_CHARS: usize = 512;
+
+/// What a request says about its conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionInfo {
+    /// The session key (`session:<id>` or `cache:<key>`), when the request has a valid one.
+    pub key: Option<String>,
+    /// The parent session's key, when it names a different valid session.
+    pub parent: Option<String>,
+    /// The requested model's family (Codex is always `Other`).
+    pub family: Option<Family>,
+}
+
+/// A valid id: non-blank, at most 512 characters, no control characters.
+pub fn valid_id(s: &str) -> bool {
+    !s.trim().is_empty() && s.chars().count() <= MAX_ID_CHARS && !s.chars().any(char::is_control)
+}
+
+fn session_key(id: &str) -> String {
+    format!("session:{id}")
+}
+
+/// Normalise a session given by a person or a stored key: `session:<id>` and `cache:<key>`
+/// are kept, a raw id becomes `session:<id>`. None when the id is not valid.
+pub fn normalise_key(s: &str) -> Option<String> {
+    let raw = s
+        .strip_prefix("session:")
+        .or_else(|| s.strip_prefix("cache:"))
+        .unwrap_or(s);
+    if !valid_id(raw) {
+        return None;
+    }
+    if s.starts_with("session:") || s.starts_with("cache:") {
+        Some(s.to_owned())
+    } else {
+        Some(session_key(s))
+    }
+}
+
+/// Read the session of a request. A body that is not JSON gives a session-less request.
+pub fn extract(provider: Provider, headers: &Headers, body: &[u8]) -> SessionInfo {
+    let json: Option<Value> = serde_json::from_slice(body).ok();
+    match provider {
+        Provider::Claude => extract_claude(headers, json.as_ref()),
+        Provider::Codex => extract_codex(headers, json.as_ref()),
+    }
+}
+
+/// A JSON object that may be given inline or as a string holding JSON.
+fn object_or_json_string(v: &Value) -> Option<Value> {
+    match v {
+        Value::Object(_) => Some(v.clone()),
+        Value::String(s) if s.trim_start().starts_with('{') => serde_json::from_str(s).ok(),
+        _ => None,
+    }
+}
+
+fn valid_str(v: Option<&Value>) -> Option<&str> {
+    v.and_then(Value::as_str).filter(|s| valid_id(s))
+}
+
+/// Claude: `metadata.user_id` — its JSON form's `session_id`, or the legacy
+/// `user_<hash>_account_<uuid>_session_<uuid>` suffix — else the
+/// `X-Claude-Code-Session-Id` header. Parent: the JSON form's `parent_session_id`.
+pub fn extract_claude(headers: &Headers, body: Option<&Value>) -> SessionInfo {
+    let user_id = body.and_then(|b| b.pointer("/metadata/user_id"));
+    let user_json = user_id.and_then(object_or_json_string);
+    let from_json = user_json
+        .as_ref()
+        .and_then(|u| valid_str(u.get("session_id")))
+        .map(str::to_owned);
+    let from_legacy = user_id
+        .and_then(Value::as_str)
+        .and_then(|s| s.rsplit_once("_session_").map(|(_, id)| id))
+        .filter(|id| valid_id(id))
+        .map(str::to_owned);
+    let from_header = headers
+        .get("x-claude-code-session-id")
+        .filter(|s| valid_id(s))
+        .map(str::to_owned);
+    let id = from_json.or(from_legacy).or(from_header);
+    let parent = user_json
+        .as_ref()
+        .and_then(|u| valid_str(u.get("parent_session_id")))
+        .filter(|p| Some(*p) != id.as_deref())
+        .map(session_key);
+    let family = body
+        .and_then(|b| b.get("model"))
+        .and_then(Value::as_str)
+        .map(Family::of);
+    SessionInfo {
+        key: id.map(|id| session_key(&id)),
+        parent,
+        family,
+    }
+}
+
+/// Codex: the first valid id of header `thread-id`; `thread_id` of the header turn
+/// metadata; `client_metadata.thread_id`; `thread_id` of the body turn metadata; headers
+/// `session-id`, `session_id`; then `session_id` of the header turn metadata, of
+/// `client_metadata` and of the body turn metadata. Else `cache:` + `prompt_cache_key`.
+/// Parent: the first valid id, different from the session's, of `forked_from_thread_id`
+/// (header turn metadata, then body turn metadata), header `x-codex-parent-thread-id`,
+/// header-turn `parent_thread_id`, `client_metadata["x-codex-parent-thread-id"]`,
+/// body-turn `parent_thread_id`.
+pub fn extract_codex(headers: &Headers, body: Option<&Value>) -> SessionInfo {
+    let header_turn = headers
+        .get("x-codex-turn-metadata")
+        .and_then(|s| serde_json::from_str::<Value>(s).ok());
+    let client_meta = body.and_then(|b| b.get("client_metadata"));
+    let body_turn = client_meta
+        .and_then(|c| c.get("x-codex-turn-metadata"))
+        .and_then(object_or_json_string);
+    let header = |name: &str| headers.get(name).filter(|s| valid_id(s)).map(str::to_owned);
+    let field =
+        |v: Option<&Value>, name: &str| valid_str(v.and_then(|v| v.get(name))).map(str::to_owned);
+
+    let id = header("thread-id")
+        .or_else(|| field(header_turn.as_ref(), "thread_id"))
+        .or_else(|| field(client_meta, "thread_id"))
+        .or_else(|| field(body_turn.as_ref(), "thread_id"))
+        .or_else(|| header("session-id"))
+        .or_else(|| header("session_id"))
+        .or_else(|| field(header_turn.as_ref(), "session_id"))
+        .or_else(|| field(client_meta, "session_id"))
+        .or_else(|| field(body_turn.as_ref(), "session_id"));
+    let key = match &id {
+        Some(id) => Some(session_key(id)),
+        None => {
+            valid_str(body.and_then(|b| b.get("prompt_cache_key"))).map(|k| format!("cache:{k}"))
+        }
+    };
+    let parent = [
+        field(header_turn.as_ref(), "forked_from_thread_id"),
+        field(body_turn.as_ref(), "forked_from_thread_id"),
+        header("x-codex-parent-thread-id"),
+        field(header_turn.as_ref(), "parent_thread_id"),
+        field(client_meta, "x-codex-parent-thread-id"),
+        field(body_turn.as_ref(), "parent_thread_id"),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| Some(p) != id.as_ref())
+    .map(|p| session_key(&p));
+    SessionInfo {
+        key,
+        parent,
+        family: body.map(|_| Family::Other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claude(headers: &[(&str, &str)], body: Value) -> SessionInfo {
+        let mut h = Headers::new();
+        for (n, v) in headers {
+            h.push(n, *v);
+        }
+        extract(Provider::Claude, &h, body.to_string().as_bytes())
+    }
+
+    fn codex(headers: &[(&str, &str)], body: Value) -> SessionInfo {
+        let mut h = Headers::new();
+        for (n, v) in headers {
+            h.push(n, *v);
+        }
+        extract(Provider::Codex, &h, body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn valid_ids_are_non_blank_short_and_without_control_characters() {
+        let long = "x".repeat(513);
+        let max = "é".repeat(512);
+        let table: [(&str, bool); 7] = [
+            ("abc", true),
+            ("", false),
+            ("   ", false),
+            ("a\nb", false),
+            ("a\u{7f}", false),
+            (&long, false),
+            (&max, true),
+        ];
+        for (id, want) in table {
+            assert_eq!(valid_id(id), want, "{id:?}");
+        }
+    }
+
+    #[test]
+    fn claude_session_sources_in_order() {
+        let uuid = "6f1c2d3e-0000-4000-8000-000000000001";
+        let table = [
+            (
+                "json form of metadata.user_id",
+                vec![("x-claude-code-session-id", "hdr")],
+                json!({"model":"claude-opus-4","metadata":{"user_id":
+                    json!({"device_id":"d","account_uuid":"a","session_id":"s-json"}).to_string()}}),
+                Some("session:s-json"),
+            ),
+            (
+                "legacy suffix",
+                vec![],
+                json!({"metadata":{"user_id": format!("user_abc_account_x_session_{uuid}")}}),
+                Some(format!("session:{uuid}").leak() as &str),
+            ),
+            (
+                "header when the body has none",
+                vec![("X-Claude-Code-Session-Id", "hdr-1")],
+                json!({"model":"claude-sonnet-4"}),
+                Some("session:hdr-1"),
+            ),
+            (
+                "invalid json id falls back to the header",
+                vec![("x-claude-code-session-id", "hdr-2")],
+                json!({"metadata":{"user_id": json!({"session_id":"  "}).to_string()}}),
+                Some("session:hdr-2"),
+            ),
+            ("nothing", vec![], json!({"model":"x"}), None),
+        ];
+        for (name, headers, body, want) in table {
+            assert_eq!(claude(&headers, body).key.as_deref(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn claude_parent_and_family() {
+        let body = json!({"model":"Claude-Opus-4-1","metadata":{"user_id":
+            json!({"session_id":"child","parent_session_id":"parent"}).to_string()}});
+        let s = claude(&[], body);
+        assert_eq!(s.key.as_deref(), Some("session:child"));
+        assert_eq!(s.parent.as_deref(), Some("session:parent"));
+        assert_eq!(s.family, Some(Family::Opus));
+        let same = json!({"metadata":{"user_id":
+            json!({"session_id":"p","parent_session_id":"p"}).to_string()}});
+        assert_eq!(
+            claude(&[], same).parent,
+            None,
+            "a parent equal to the session is ignored"
+        );
+    }
+
+    /// AP-17: Codex session keys from headers and body fields, in the documented order,
+    /// with the `prompt_cache_key` fallback in its own namespace.
+    #[allow(clippy::type_complexity)] // a table of cases reads better inline
+    #[test]
+    fn codex_session_sources_in_order() {
+        let turn = json!({"session_id":"turn-s","thread_id":"turn-t"}).to_string();
+        let table: Vec<(&str, Vec<(&str, &str)>, Value, Option<&str>)> = vec![
+            (
+                "thread-id header first",
+                vec![("thread-id", "t1"), ("session-id", "s1")],
+                json!({"prompt_cache_key":"k"}),
+                Some("session:t1"),
+            ),
+            (
+                "header turn thread_id",
+                vec![("x-codex-turn-metadata", &turn), ("session-id", "s1")],
+                json!({}),
+                Some("session:turn-t"),
+            ),
+            (
+                "client_metadata.thread_id",
+                vec![("session-id", "s1")],
+                json!({"client_metadata":{"thread_id":"cm-t"}}),
+                Some("session:cm-t"),
+            ),
+            (
+                "body turn thread_id",
+                vec![("session-id", "s1")],
+                json!({"client_metadata":{"x-codex-turn-metadata": json!({"thread_id":"bt"}).to_string()}}),
+                Some("session:bt"),
+            ),
+            (
+                "session-id beats session_id",
+                vec![("session_id", "s2"), ("session-id", "s1")],
+                json!({}),
+                Some("session:s1"),
+            ),
+            (
+                "session_id header",
+                vec![("session_id", "s2")],
+                json!({}),
+                Some("session:s2"),
+            ),
+            (
+                "client_metadata.session_id",
+                vec![],
+                json!({"client_metadata":{"session_id":"cm-s"},"prompt_cache_key":"k"}),
+                Some("session:cm-s"),
+            ),
+            (
+                "prompt_cache_key fallback",
+                vec![],
+                json!({"prompt_cache_key":"k1"}),
+                Some("cache:k1"),
+            ),
+            (
+                "invalid header skipped",
+                vec![("thread-id", " ")],
+                json!({"prompt_cache_key":"k2"}),
+                Some("cache:k2"),
+            ),
+            ("nothing", vec![], json!({"input":[]}), None),
+        ];
+        for (name, headers, body, want) in table {
+            assert_eq!(codex(&headers, body).key.as_deref(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn codex_parent_differs_from_the_session() {
+        let turn = json!({"thread_id":"child","forked_from_thread_id":"parent"}).to_string();
+        let s = codex(&[("x-codex-turn-metadata", &turn)], json!({}));
+        assert_eq!(s.key.as_deref(), Some("session:child"));
+        assert_eq!(s.parent.as_deref(), Some("session:parent"));
+        assert_eq!(s.family, Some(Family::Other));
+        let s = codex(
+            &[("thread-id", "a"), ("x-codex-parent-thread-id", "a")],
+            json!({}),
+        );
+        assert_eq!(s.parent, None);
+    }
+
+    /// AP-24: a body that is not JSON is a session-less request, never an error.
+    #[test]
+    fn non_json_body_is_session_less() {
+        let s = extract(Provider::Claude, &Headers::new(), b"not json {");
+        assert_eq!(s, SessionInfo::default());
+        let s = extract(
+            Provider::Codex,
+            &Headers::from([("session-id", "s")]),
+            b"\x00\xff",
+        );
+        assert_eq!(s.key.as_deref(), Some("session:s"), "headers still count");
+    }
+
+    #[test]
+    fn normalise_key_accepts_raw_and_stored_forms() {
+        assert_eq!(normalise_key("abc").as_deref(), Some("session:abc"));
+        assert_eq!(normalise_key("session:abc").as_deref(), Some("session:abc"));
+        assert_eq!(normalise_key("cache:k").as_deref(), Some("cache:k"));
+        assert_eq!(normalise_key(""), None);
+        assert_eq!(normalise_key("session:"), None);
+    }
+}
