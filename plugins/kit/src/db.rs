@@ -267,10 +267,15 @@ pub trait Db {
     {
         self.execute_batch("BEGIN IMMEDIATE")?;
         match f(self) {
-            Ok(v) => {
-                self.execute_batch("COMMIT")?;
-                Ok(v)
-            }
+            Ok(v) => match self.execute_batch("COMMIT") {
+                Ok(()) => Ok(v),
+                Err(e) => {
+                    // A failed COMMIT (e.g. busy) leaves the transaction open; close it so the
+                    // connection is usable and nothing half-done is kept.
+                    let _ = self.execute_batch("ROLLBACK");
+                    Err(e.into())
+                }
+            },
             Err(e) => {
                 let _ = self.execute_batch("ROLLBACK");
                 Err(e)

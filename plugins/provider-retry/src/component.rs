@@ -1,0 +1,645 @@
+//! The component glue (wasm32 only): bindings for the WIT world `provider-retry`, adapters
+//! between WIT values and the plain types of [`crate::types`], the host capabilities as the
+//! engine's ports, and the exports, each of which opens the database, builds an [`Engine`]
+//! and converts its answer back.
+//!
+//! Nothing here decides anything. No host call is unwrapped and nothing panics on purpose:
+//! every failure becomes a WIT error case (`plugin-error`, `admin-error`, `settings-error`).
+
+mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "pooler:plugins/provider-retry",
+        generate_all,
+    });
+}
+
+use bindings::exports::pooler::plugins::{
+    availability_listener, retry_admin as admin, scheduler, settings as wit_settings, turn_events,
+};
+use bindings::pooler::plugins::{availability, log as wit_log, sqlite, threads, types as wit};
+use bindings::wasi::clocks::{monotonic_clock, wall_clock};
+use bindings::wasi::random::random;
+
+use pooler_plugin_kit::{Db, DbError, Rows, Value};
+
+use crate::engine::Engine;
+use crate::policy::Random;
+use crate::ports::{self, AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, Threads};
+use crate::settings::{SettingView, Settings, SettingsError};
+use crate::store;
+use crate::types::*;
+
+/// The plugin's one database, `retry.sqlite3` in its data directory.
+const DATABASE: &str = "retry";
+
+struct Component;
+
+bindings::export!(Component with_types_in bindings);
+
+// ----- database -----------------------------------------------------------------------------
+
+/// [`Db`] over the WIT `sqlite.connection`.
+struct WitDb(sqlite::Connection);
+
+fn db_error(e: sqlite::Error) -> DbError {
+    match e {
+        sqlite::Error::InvalidName(n) => DbError::InvalidName(n),
+        sqlite::Error::TooManyConnections => DbError::TooManyConnections,
+        sqlite::Error::Busy => DbError::Busy,
+        sqlite::Error::Constraint(m) => DbError::Constraint(m),
+        sqlite::Error::InvalidStatement(m) => DbError::InvalidStatement(m),
+        sqlite::Error::Io(m) => DbError::Io(m),
+    }
+}
+
+fn to_wit_values(params: &[Value]) -> Vec<sqlite::Value> {
+    params
+        .iter()
+        .map(|v| match v {
+            Value::Null => sqlite::Value::Null,
+            Value::Integer(i) => sqlite::Value::Integer(*i),
+            Value::Real(f) => sqlite::Value::Real(*f),
+            Value::Text(s) => sqlite::Value::Text(s.clone()),
+            Value::Blob(b) => sqlite::Value::Blob(b.clone()),
+        })
+        .collect()
+}
+
+fn from_wit_value(v: sqlite::Value) -> Value {
+    match v {
+        sqlite::Value::Null => Value::Null,
+        sqlite::Value::Integer(i) => Value::Integer(i),
+        sqlite::Value::Real(f) => Value::Real(f),
+        sqlite::Value::Text(s) => Value::Text(s),
+        sqlite::Value::Blob(b) => Value::Blob(b),
+    }
+}
+
+impl Db for WitDb {
+    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        self.0
+            .execute(sql, &to_wit_values(params))
+            .map_err(db_error)
+    }
+    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
+        self.0.execute_batch(sql).map_err(db_error)
+    }
+    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
+        let rows = self
+            .0
+            .query(sql, &to_wit_values(params))
+            .map_err(db_error)?;
+        Ok(Rows {
+            columns: rows.columns,
+            rows: rows
+                .rows
+                .into_iter()
+                .map(|r| r.into_iter().map(from_wit_value).collect())
+                .collect(),
+        })
+    }
+    fn last_insert_rowid(&self) -> i64 {
+        self.0.last_insert_rowid()
+    }
+}
+
+fn open_db() -> Result<WitDb, DbError> {
+    let db = WitDb(sqlite::Connection::open(DATABASE).map_err(db_error)?);
+    store::migrate(&db)?;
+    Ok(db)
+}
+
+// ----- host capabilities as ports -----------------------------------------------------------
+
+struct Host;
+
+impl Clock for Host {
+    fn now(&self) -> Timestamp {
+        let t = wall_clock::now();
+        t.seconds
+            .saturating_mul(1000)
+            .saturating_add(u64::from(t.nanoseconds / 1_000_000))
+    }
+    fn monotonic_ms(&self) -> u64 {
+        monotonic_clock::now() / 1_000_000
+    }
+}
+
+impl Random for Host {
+    fn next_u64(&self) -> u64 {
+        random::get_random_u64()
+    }
+}
+
+impl Logger for Host {
+    fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
+        let level = match level {
+            Level::Debug => wit_log::Level::Debug,
+            Level::Info => wit_log::Level::Info,
+            Level::Warn => wit_log::Level::Warn,
+        };
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        wit_log::log(level, message, &fields);
+    }
+}
+
+impl AvailabilitySource for Host {
+    fn query(&self, q: &AvailabilityQuery) -> Result<Availability, String> {
+        // The host answers `unavailable(source-unavailable)` itself when the pool traps or
+        // takes over 5 s, so this call has no error of its own.
+        Ok(from_wit_availability(availability::query(
+            &availability::AvailabilityQuery {
+                thread: q.thread.clone(),
+                provider: to_wit_provider(q.provider),
+                request: q.request.clone(),
+                model: q.model.clone(),
+            },
+        )))
+    }
+}
+
+impl Threads for Host {
+    fn get_thread(&self, thread: &str) -> Result<ThreadInfo, ThreadsError> {
+        let t = threads::get_thread(thread).map_err(from_wit_threads_error)?;
+        Ok(ThreadInfo {
+            id: t.id,
+            provider: from_wit_provider(t.provider),
+            model: t.model,
+            status: match t.status {
+                threads::ThreadStatus::Idle => ThreadStatus::Idle,
+                threads::ThreadStatus::Active => ThreadStatus::Active,
+                threads::ThreadStatus::Error => ThreadStatus::Error,
+            },
+            archived: t.archived,
+            retry_opt_out: t.retry_opt_out,
+            latest_request: t.latest_request,
+            input_queued: t.input_queued,
+            routed_by_pool: t.routed_by_pool,
+        })
+    }
+    fn schedule_retry(
+        &self,
+        thread: &str,
+        failed_request: &str,
+        send_at: Timestamp,
+        reason: &str,
+    ) -> Result<QueuedRow, ThreadsError> {
+        threads::schedule_retry(thread, failed_request, send_at, reason)
+            .map(from_wit_row)
+            .map_err(from_wit_threads_error)
+    }
+    fn reschedule(
+        &self,
+        row: u64,
+        send_at: Timestamp,
+        reason: &str,
+    ) -> Result<QueuedRow, ThreadsError> {
+        threads::reschedule(row, send_at, reason)
+            .map(from_wit_row)
+            .map_err(from_wit_threads_error)
+    }
+    fn cancel(&self, row: u64, reason: &str) -> Result<(), ThreadsError> {
+        threads::cancel(row, reason).map_err(from_wit_threads_error)
+    }
+    fn list_rows(&self, thread: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError> {
+        threads::list_rows(thread)
+            .map(|rows| rows.into_iter().map(from_wit_row).collect())
+            .map_err(from_wit_threads_error)
+    }
+}
+
+/// Run `f` with an engine over a freshly opened database and the host.
+fn with_engine<T, E: From<DbError>>(
+    f: impl FnOnce(&Engine<'_, WitDb>) -> Result<T, E>,
+) -> Result<T, E> {
+    let db = open_db()?;
+    let host = Host;
+    let engine = Engine {
+        db: &db,
+        threads: &host,
+        pool: &host,
+        clock: &host,
+        random: &host,
+        log: &host,
+    };
+    f(&engine)
+}
+
+// ----- WIT ↔ plain conversions --------------------------------------------------------------
+
+fn from_wit_provider(p: wit::Provider) -> Provider {
+    match p {
+        wit::Provider::Claude => Provider::Claude,
+        wit::Provider::Codex => Provider::Codex,
+    }
+}
+
+fn to_wit_provider(p: Provider) -> wit::Provider {
+    match p {
+        Provider::Claude => wit::Provider::Claude,
+        Provider::Codex => wit::Provider::Codex,
+    }
+}
+
+fn from_wit_unavailable(r: wit::UnavailableReason) -> UnavailableReason {
+    match r {
+        wit::UnavailableReason::NoEnabledAccount => UnavailableReason::NoEnabledAccount,
+        wit::UnavailableReason::Authentication => UnavailableReason::Authentication,
+        wit::UnavailableReason::ResetUnknown => UnavailableReason::ResetUnknown,
+        wit::UnavailableReason::SourceUnavailable => UnavailableReason::SourceUnavailable,
+    }
+}
+
+fn to_wit_unavailable(r: UnavailableReason) -> wit::UnavailableReason {
+    match r {
+        UnavailableReason::NoEnabledAccount => wit::UnavailableReason::NoEnabledAccount,
+        UnavailableReason::Authentication => wit::UnavailableReason::Authentication,
+        UnavailableReason::ResetUnknown => wit::UnavailableReason::ResetUnknown,
+        UnavailableReason::SourceUnavailable => wit::UnavailableReason::SourceUnavailable,
+    }
+}
+
+fn from_wit_availability(a: wit::Availability) -> Availability {
+    match a {
+        wit::Availability::NotRouted => Availability::NotRouted,
+        wit::Availability::Ready => Availability::Ready,
+        wit::Availability::Blocked(b) => Availability::Blocked {
+            retry_at: b.retry_at,
+            cause: match b.cause {
+                wit::BlockCause::QuotaExhausted => BlockCause::QuotaExhausted,
+                wit::BlockCause::FamilyQuotaExhausted => BlockCause::FamilyQuotaExhausted,
+                wit::BlockCause::Held => BlockCause::Held,
+                wit::BlockCause::UsageRestricted => BlockCause::UsageRestricted,
+            },
+        },
+        wit::Availability::Unavailable(r) => Availability::Unavailable(from_wit_unavailable(r)),
+    }
+}
+
+fn to_wit_availability(a: Availability) -> wit::Availability {
+    match a {
+        Availability::NotRouted => wit::Availability::NotRouted,
+        Availability::Ready => wit::Availability::Ready,
+        Availability::Blocked { retry_at, cause } => wit::Availability::Blocked(wit::Blocked {
+            retry_at,
+            cause: match cause {
+                BlockCause::QuotaExhausted => wit::BlockCause::QuotaExhausted,
+                BlockCause::FamilyQuotaExhausted => wit::BlockCause::FamilyQuotaExhausted,
+                BlockCause::Held => wit::BlockCause::Held,
+                BlockCause::UsageRestricted => wit::BlockCause::UsageRestricted,
+            },
+        }),
+        Availability::Unavailable(r) => wit::Availability::Unavailable(to_wit_unavailable(r)),
+    }
+}
+
+fn from_wit_cause(c: wit::ChangeCause) -> ChangeCause {
+    use wit::ChangeCause as W;
+    match c {
+        W::AccountAdded => ChangeCause::AccountAdded,
+        W::AccountEnabled => ChangeCause::AccountEnabled,
+        W::AccountDisabled => ChangeCause::AccountDisabled,
+        W::AccountRemoved => ChangeCause::AccountRemoved,
+        W::ErrorCleared => ChangeCause::ErrorCleared,
+        W::ErrorSet => ChangeCause::ErrorSet,
+        W::HoldEnded => ChangeCause::HoldEnded,
+        W::ConfigChanged => ChangeCause::ConfigChanged,
+        W::RoutingChanged => ChangeCause::RoutingChanged,
+        W::PriorityChanged => ChangeCause::PriorityChanged,
+        W::EarlierResetObserved => ChangeCause::EarlierResetObserved,
+        W::LaterResetObserved => ChangeCause::LaterResetObserved,
+        W::ResetPassed => ChangeCause::ResetPassed,
+    }
+}
+
+fn from_wit_category(c: wit::FailureCategory) -> FailureCategory {
+    use wit::FailureCategory as W;
+    match c {
+        W::ActiveTurnNotSteerable => FailureCategory::ActiveTurnNotSteerable,
+        W::BadRequest => FailureCategory::BadRequest,
+        W::Billing => FailureCategory::Billing,
+        W::BudgetExceeded => FailureCategory::BudgetExceeded,
+        W::ConnectionFailed => FailureCategory::ConnectionFailed,
+        W::ContextWindowExceeded => FailureCategory::ContextWindowExceeded,
+        W::Internal => FailureCategory::Internal,
+        W::MaxOutputTokens => FailureCategory::MaxOutputTokens,
+        W::MaxTurns => FailureCategory::MaxTurns,
+        W::Overloaded => FailureCategory::Overloaded,
+        W::Policy => FailureCategory::Policy,
+        W::RateLimit => FailureCategory::RateLimit,
+        W::Sandbox => FailureCategory::Sandbox,
+        W::StreamDisconnected => FailureCategory::StreamDisconnected,
+        W::StructuredOutputRetries => FailureCategory::StructuredOutputRetries,
+        W::ThreadRollbackFailed => FailureCategory::ThreadRollbackFailed,
+        W::TooManyFailedAttempts => FailureCategory::TooManyFailedAttempts,
+        W::Unauthorized => FailureCategory::Unauthorized,
+        W::Unknown => FailureCategory::Unknown,
+    }
+}
+
+fn from_wit_limit_status(s: wit::LimitStatus) -> LimitStatus {
+    match s {
+        wit::LimitStatus::Allowed => LimitStatus::Allowed,
+        wit::LimitStatus::Warning => LimitStatus::Warning,
+        wit::LimitStatus::Blocked => LimitStatus::Blocked,
+        wit::LimitStatus::Unknown => LimitStatus::Unknown,
+    }
+}
+
+fn from_wit_failure(f: wit::Failure) -> Failure {
+    Failure {
+        category: from_wit_category(f.category),
+        provider_code: f.provider_code,
+        http_status: f.http_status,
+        origin: match f.origin {
+            wit::FailureOrigin::Provider => FailureOrigin::Provider,
+            wit::FailureOrigin::Pool => FailureOrigin::Pool,
+            wit::FailureOrigin::Transport => FailureOrigin::Transport,
+        },
+        retry_after: f.retry_after,
+        message: f.message,
+    }
+}
+
+fn from_wit_snapshot(s: wit::RateLimitSnapshot) -> RateLimitSnapshot {
+    RateLimitSnapshot {
+        provider: from_wit_provider(s.provider),
+        status: from_wit_limit_status(s.status),
+        kind: match s.kind {
+            wit::LimitKind::SubscriptionWindow => LimitKind::SubscriptionWindow,
+            wit::LimitKind::Credits => LimitKind::Credits,
+            wit::LimitKind::SpendControl => LimitKind::SpendControl,
+            wit::LimitKind::Unknown => LimitKind::Unknown,
+        },
+        windows: s
+            .windows
+            .into_iter()
+            .map(|w| LimitWindow {
+                key: w.key,
+                label: w.label,
+                status: from_wit_limit_status(w.status),
+                resets_at: w.resets_at,
+                utilization: w.utilization,
+            })
+            .collect(),
+        reached_reason: s.reached_reason,
+        observed_at: s.observed_at,
+    }
+}
+
+fn from_wit_row(r: wit::QueuedRow) -> QueuedRow {
+    QueuedRow {
+        id: r.id,
+        thread: r.thread,
+        failed_request: r.failed_request,
+        original_request: r.original_request,
+        attempt: r.attempt,
+        send_at: r.send_at,
+        reason: r.reason,
+        created_at: r.created_at,
+        waiting_for_slot: r.waiting_for_slot,
+    }
+}
+
+fn from_wit_threads_error(e: threads::ThreadsError) -> ThreadsError {
+    use threads::ThreadsError as W;
+    match e {
+        W::NoSuchThread(t) => ThreadsError::NoSuchThread(t),
+        W::NoFailedTurn => ThreadsError::NoFailedTurn,
+        W::AlreadyQueued(r) => ThreadsError::AlreadyQueued(r),
+        W::NoSuchRow(r) => ThreadsError::NoSuchRow(r),
+        W::Archived => ThreadsError::Archived,
+        W::InvalidArgument(m) => ThreadsError::InvalidArgument(m),
+        W::Storage(m) => ThreadsError::Storage(m),
+    }
+}
+
+fn to_wit_plugin_error(e: PluginError) -> wit::PluginError {
+    match e {
+        PluginError::Storage(m) => wit::PluginError::Storage(m),
+        PluginError::Dependency(m) => wit::PluginError::Dependency(m),
+        PluginError::InvalidInput(m) => wit::PluginError::InvalidInput(m),
+    }
+}
+
+fn to_wit_admin_error(e: AdminError) -> admin::AdminError {
+    match e {
+        AdminError::UnknownThread(t) => admin::AdminError::UnknownThread(t),
+        AdminError::NothingPending(t) => admin::AdminError::NothingPending(t),
+        AdminError::Dependency(m) => admin::AdminError::Dependency(m),
+        AdminError::Storage(m) => admin::AdminError::Storage(m),
+    }
+}
+
+fn to_wit_candidate(c: Candidate) -> admin::Candidate {
+    admin::Candidate {
+        thread: c.thread,
+        original_request: c.original_request,
+        failed_request: c.failed_request,
+        state: match c.state {
+            CandidateState::Scheduled => admin::CandidateState::Scheduled,
+            CandidateState::Watching => admin::CandidateState::Watching,
+        },
+        row: c.row,
+        send_at: c.send_at,
+        next_attempt: c.next_attempt,
+        reason: c.reason,
+        chain_started_at: c.chain_started_at,
+    }
+}
+
+fn to_wit_entry(e: HistoryEntry) -> admin::HistoryEntry {
+    admin::HistoryEntry {
+        at: e.at,
+        trigger: match e.trigger {
+            Trigger::Failure => admin::Trigger::Failure,
+            Trigger::Signal(causes) => admin::Trigger::Signal(causes),
+            Trigger::Start => admin::Trigger::Start,
+            Trigger::Tick => admin::Trigger::Tick,
+            Trigger::Due => admin::Trigger::Due,
+            Trigger::Person => admin::Trigger::Person,
+            Trigger::Dispatch => admin::Trigger::Dispatch,
+        },
+        availability: e.availability.map(to_wit_availability),
+        action: match e.action {
+            Action::Scheduled(t) => admin::Action::Scheduled(t),
+            Action::Rescheduled(old, new) => admin::Action::Rescheduled((old, new)),
+            Action::Watching => admin::Action::Watching,
+            Action::Declined => admin::Action::Declined,
+            Action::Dropped => admin::Action::Dropped,
+            Action::Dispatched(n) => admin::Action::Dispatched(n),
+            Action::Resolved => admin::Action::Resolved,
+            Action::Unchanged => admin::Action::Unchanged,
+        },
+        reason: e.reason,
+    }
+}
+
+fn to_wit_setting(s: SettingView) -> wit_settings::Setting {
+    wit_settings::Setting {
+        key: s.key,
+        value: s.value,
+        default_value: s.default_value,
+        description: s.description,
+    }
+}
+
+fn to_wit_settings_error(e: SettingsError) -> wit_settings::SettingsError {
+    match e {
+        SettingsError::UnknownKey(k) => wit_settings::SettingsError::UnknownKey(k),
+        SettingsError::InvalidValue {
+            key,
+            value,
+            accepted,
+        } => wit_settings::SettingsError::InvalidValue(wit_settings::InvalidValue {
+            key,
+            value,
+            accepted,
+        }),
+        SettingsError::Storage(m) => wit_settings::SettingsError::Storage(m),
+    }
+}
+
+// ----- exports ------------------------------------------------------------------------------
+
+impl availability_listener::Guest for Component {
+    fn availability_changed(change: wit::AvailabilityChange) {
+        let change = AvailabilityChange {
+            provider: from_wit_provider(change.provider),
+            causes: change.causes.into_iter().map(from_wit_cause).collect(),
+            earliest: from_wit_availability(change.earliest),
+            detected_at: change.detected_at,
+        };
+        // The callback has no error channel; a failed pass is logged, and the next tick
+        // re-evaluates the candidates it left as they were.
+        if let Err(e) = with_engine(|engine| engine.availability_changed(&change)) {
+            Host.log(
+                ports::Level::Warn,
+                "availability-changed not fully handled",
+                &[("error", e.to_string())],
+            );
+        }
+    }
+}
+
+impl turn_events::Guest for Component {
+    fn turn_failed(event: turn_events::TurnFailedEvent) -> Result<(), wit::PluginError> {
+        let event = TurnFailedEvent {
+            thread: event.thread,
+            provider: from_wit_provider(event.provider),
+            model: event.model,
+            failed_request: event.failed_request,
+            original_request: event.original_request,
+            attempt: event.attempt,
+            failed_at: event.failed_at,
+            chain_started_at: event.chain_started_at,
+            input_accepted: event.input_accepted,
+            routed_by_pool: event.routed_by_pool,
+            rate_limits: event.rate_limits.map(from_wit_snapshot),
+            failure: event.failure.map(from_wit_failure),
+        };
+        with_engine(|engine| engine.turn_failed(&event)).map_err(to_wit_plugin_error)
+    }
+
+    fn turn_succeeded(event: turn_events::TurnSucceededEvent) -> Result<(), wit::PluginError> {
+        let event = TurnSucceededEvent {
+            thread: event.thread,
+            provider: from_wit_provider(event.provider),
+            request: event.request,
+            original_request: event.original_request,
+            attempt: event.attempt,
+            succeeded_at: event.succeeded_at,
+        };
+        with_engine(|engine| engine.turn_succeeded(&event)).map_err(to_wit_plugin_error)
+    }
+}
+
+impl scheduler::Guest for Component {
+    fn on_start(now: wit::Timestamp) -> Result<(), wit::PluginError> {
+        with_engine(|engine| engine.on_start(now).map(|_| ())).map_err(to_wit_plugin_error)
+    }
+
+    fn on_tick(now: wit::Timestamp) -> Result<(), wit::PluginError> {
+        with_engine(|engine| engine.on_tick(now).map(|_| ())).map_err(to_wit_plugin_error)
+    }
+
+    fn before_dispatch(
+        row: wit::QueuedRow,
+    ) -> Result<scheduler::DispatchVerdict, wit::PluginError> {
+        let row = from_wit_row(row);
+        with_engine(|engine| engine.before_dispatch(&row))
+            .map(|v| match v {
+                DispatchVerdict::Proceed => scheduler::DispatchVerdict::Proceed,
+                DispatchVerdict::WaitUntil(t) => scheduler::DispatchVerdict::WaitUntil(t),
+                DispatchVerdict::Drop(why) => scheduler::DispatchVerdict::Drop(why),
+            })
+            .map_err(to_wit_plugin_error)
+    }
+}
+
+impl admin::Guest for Component {
+    fn status(thread: Option<String>) -> Result<Vec<admin::Candidate>, admin::AdminError> {
+        with_engine(|engine| engine.status(thread.as_deref()))
+            .map(|list| list.into_iter().map(to_wit_candidate).collect())
+            .map_err(to_wit_admin_error)
+    }
+
+    fn explain(thread: String) -> Result<Vec<admin::ChainHistory>, admin::AdminError> {
+        with_engine(|engine| engine.explain(&thread))
+            .map(|chains| {
+                chains
+                    .into_iter()
+                    .map(|c| admin::ChainHistory {
+                        thread: c.thread,
+                        original_request: c.original_request,
+                        entries: c.entries.into_iter().map(to_wit_entry).collect(),
+                    })
+                    .collect()
+            })
+            .map_err(to_wit_admin_error)
+    }
+
+    fn cancel(thread: String, now: wit::Timestamp) -> Result<admin::Candidate, admin::AdminError> {
+        with_engine(|engine| engine.cancel(&thread, now))
+            .map(to_wit_candidate)
+            .map_err(to_wit_admin_error)
+    }
+
+    fn sent_by_person(
+        thread: String,
+        row: wit::RowId,
+        now: wit::Timestamp,
+    ) -> Result<(), admin::AdminError> {
+        with_engine(|engine| engine.sent_by_person(&thread, row, now)).map_err(to_wit_admin_error)
+    }
+}
+
+impl wit_settings::Guest for Component {
+    fn list_settings() -> Result<Vec<wit_settings::Setting>, wit_settings::SettingsError> {
+        let db = open_db().map_err(|e| to_wit_settings_error(e.into()))?;
+        Settings::list(&db)
+            .map(|all| all.into_iter().map(to_wit_setting).collect())
+            .map_err(to_wit_settings_error)
+    }
+
+    fn get_setting(key: String) -> Result<wit_settings::Setting, wit_settings::SettingsError> {
+        let db = open_db().map_err(|e| to_wit_settings_error(e.into()))?;
+        Settings::get(&db, &key)
+            .map(to_wit_setting)
+            .map_err(to_wit_settings_error)
+    }
+
+    fn set_setting(
+        key: String,
+        value: String,
+    ) -> Result<wit_settings::Setting, wit_settings::SettingsError> {
+        let db = open_db().map_err(|e| to_wit_settings_error(e.into()))?;
+        Settings::set(&db, &key, &value)
+            .map(to_wit_setting)
+            .map_err(to_wit_settings_error)
+    }
+}
