@@ -1,1 +1,5 @@
-fn main() {}
+//! The `pooler` binary: see `pooler --help`.
+
+fn main() -> std::process::ExitCode {
+    pooler_host::cli::main()
+}

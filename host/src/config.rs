@@ -1,0 +1,250 @@
+//! The host's configuration: one optional TOML file. Every table refuses unknown keys (the
+//! error names the key), so a typo never silently falls back to a default.
+//!
+//! ```toml
+//! [server]
+//! listen = "127.0.0.1:8787"
+//! max-body-bytes = 33554432
+//!
+//! [plugins.account-pool]
+//! component = "embedded"          # or a path to a .wasm component
+//! allowed-hosts = ["api.anthropic.com", "chatgpt.com"]
+//! deadline-ms = 10000
+//! memory-mib = 64
+//!
+//! [maintenance]
+//! interval-s = 10
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+use crate::roles::Role;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Per-role plugin settings, keyed by role name (`account-pool`, `provider-retry`).
+    #[serde(default)]
+    pub plugins: BTreeMap<String, PluginConfig>,
+    #[serde(default)]
+    pub maintenance: MaintenanceConfig,
+}
+
+/// `[server]`: the HTTP listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServerConfig {
+    /// Where to listen. Loopback by default: the proxy holds credentials.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Largest request body accepted; larger ones get 413 from the host.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: u64,
+    /// Largest number of request headers accepted.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
+    /// How long in-flight requests may take to finish after SIGINT/SIGTERM.
+    #[serde(default = "default_drain_ms")]
+    pub drain_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            max_body_bytes: default_max_body(),
+            max_headers: default_max_headers(),
+            drain_ms: default_drain_ms(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8787))
+}
+fn default_max_body() -> u64 {
+    32 << 20
+}
+fn default_max_headers() -> usize {
+    100
+}
+fn default_drain_ms() -> u64 {
+    10_000
+}
+
+/// Where a role's component comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ComponentSource {
+    /// The component built into the binary (none for a role without an embedded default).
+    Embedded,
+    /// A component file.
+    File(PathBuf),
+}
+
+impl<'de> Deserialize<'de> for ComponentSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(match text.as_str() {
+            "embedded" => ComponentSource::Embedded,
+            "" => return Err(serde::de::Error::custom("component path is empty")),
+            path => ComponentSource::File(PathBuf::from(path)),
+        })
+    }
+}
+
+/// `[plugins.<role>]`: one plugin's settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PluginConfig {
+    #[serde(default = "default_component")]
+    pub component: ComponentSource,
+    /// Hosts the plugin may send HTTP requests to (`host` or `host:port`). Default: none.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// The longest a call into the plugin may run (CPU time for HTTP requests, which may
+    /// stream for long while waiting on upstream; wall time for other calls).
+    #[serde(default = "default_deadline_ms")]
+    pub deadline_ms: u64,
+    /// The plugin's memory cap per instance.
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u64,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        PluginConfig {
+            component: default_component(),
+            allowed_hosts: Vec::new(),
+            deadline_ms: default_deadline_ms(),
+            memory_mib: default_memory_mib(),
+        }
+    }
+}
+
+fn default_component() -> ComponentSource {
+    ComponentSource::Embedded
+}
+fn default_deadline_ms() -> u64 {
+    10_000
+}
+fn default_memory_mib() -> u64 {
+    64
+}
+
+/// `[maintenance]`: the host-driven periodic calls.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MaintenanceConfig {
+    /// Seconds between calls to the pool's `maintenance.on-tick` (0: never).
+    #[serde(default = "default_interval_s")]
+    pub interval_s: u64,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            interval_s: default_interval_s(),
+        }
+    }
+}
+
+fn default_interval_s() -> u64 {
+    10
+}
+
+impl Config {
+    /// Parse a configuration from TOML text.
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        let config: Config =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.message()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Read and parse a configuration file; a missing file is an error.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the configuration file {}", path.display()))?;
+        Config::parse(&text)
+            .with_context(|| format!("invalid configuration file {}", path.display()))
+    }
+
+    /// The settings of `role` (defaults when the file has no table for it).
+    pub fn plugin(&self, role: Role) -> PluginConfig {
+        self.plugins.get(role.name()).cloned().unwrap_or_default()
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        for (name, plugin) in &self.plugins {
+            if Role::from_name(name).is_none() {
+                bail!(
+                    "unknown plugin role `{name}` in [plugins] (known roles: {})",
+                    Role::ALL.map(Role::name).join(", ")
+                );
+            }
+            if plugin.memory_mib == 0 || plugin.memory_mib > 4096 {
+                bail!("plugins.{name}.memory-mib must be between 1 and 4096");
+            }
+            if plugin.deadline_ms == 0 {
+                bail!("plugins.{name}.deadline-ms must be positive");
+            }
+            for host in &plugin.allowed_hosts {
+                if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
+                    bail!("plugins.{name}.allowed-hosts: `{host}` is not a host or host:port");
+                }
+            }
+        }
+        if self.server.max_body_bytes == 0 {
+            bail!("server.max-body-bytes must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_gives_the_defaults() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config.server.listen, default_listen());
+        assert_eq!(config.server.max_body_bytes, 32 << 20);
+        let pool = config.plugin(Role::AccountPool);
+        assert_eq!(pool.component, ComponentSource::Embedded);
+        assert!(pool.allowed_hosts.is_empty());
+        assert_eq!(pool.memory_mib, 64);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let err = Config::parse("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n").unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+        let err = Config::parse("[plugins.account-pool]\ndeadline = 3\n").unwrap_err();
+        assert!(err.to_string().contains("deadline"), "{err}");
+        let err = Config::parse("[plugins.acount-pool]\n").unwrap_err();
+        assert!(err.to_string().contains("acount-pool"), "{err}");
+    }
+
+    #[test]
+    fn a_role_can_point_at_a_file() {
+        let config = Config::parse(
+            "[plugins.provider-retry]\ncomponent = \"/x/retry.wasm\"\nallowed-hosts = [\"127.0.0.1\"]\n",
+        )
+        .unwrap();
+        let retry = config.plugin(Role::ProviderRetry);
+        assert_eq!(
+            retry.component,
+            ComponentSource::File("/x/retry.wasm".into())
+        );
+        assert_eq!(retry.allowed_hosts, vec!["127.0.0.1".to_string()]);
+    }
+}

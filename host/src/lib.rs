@@ -1,0 +1,55 @@
+//! The Pooler reference host: runs the plugin components (WebAssembly, WIT package
+//! `pooler:plugins@0.1.0`) in wasmtime and gives them what the contract promises.
+//!
+//! How it fits together, in the order a request meets it:
+//!
+//! 1. [`config::Config`] says which component fills each [`roles::Role`] (the embedded one
+//!    or a file) and each plugin's allowed hosts, deadline and memory cap.
+//! 2. [`runtime::Host::new`] builds one [`engine`] (component model, epoch deadlines,
+//!    pooling allocator, on-disk compile cache), checks each component's world against its
+//!    role ([`roles::check_world`]) and pre-instantiates it against one linker holding every
+//!    import ([`imports`], one module per WIT interface).
+//! 3. Every plugin call ([`runtime::Host::call_pool`], [`runtime::Host::call_retry`]) and
+//!    every HTTP request ([`server`]) gets a fresh `Store` ([`state::PluginState`]) with a
+//!    CPU deadline and a memory cap; a trap is reported with the plugin id and the call, and
+//!    the next call starts clean.
+//! 4. Plugins reach each other only through the host ([`mediator`]): availability queries go
+//!    to a fresh pool instance, availability changes are queued and delivered after the
+//!    signalling call returned, and Provider Retry takes one call at a time.
+//!
+//! ```no_run
+//! # async fn run() -> anyhow::Result<()> {
+//! use std::sync::Arc;
+//! use pooler_host::{config::Config, runtime::{Host, HostOptions}, server::Server};
+//! use pooler_host::imports::threads::NoCore;
+//!
+//! let host = Host::new(HostOptions {
+//!     config: Config::parse("[plugins.account-pool]\ncomponent = \"pool.wasm\"\n")?,
+//!     data_dir: "/tmp/pooler".into(),
+//!     clock: Arc::new(pooler_core::clock::SystemClock::new()),
+//!     threads: Arc::new(NoCore),
+//!     cache_dir: Some("/tmp/pooler/cache".into()),
+//! })?;
+//! let server = Server::bind(host, "127.0.0.1:8787".parse()?).await?;
+//! server.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod bindings;
+pub mod cli;
+pub mod config;
+pub mod embedded;
+pub mod engine;
+pub mod imports;
+mod maintenance;
+pub mod mediator;
+pub mod roles;
+pub mod runtime;
+pub mod server;
+pub mod state;
+
+/// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48
+/// has its own error type; its `anyhow` conversion feature is not enabled here).
+pub(crate) fn wasmtime_error(e: wasmtime::Error) -> anyhow::Error {
+    anyhow::anyhow!("{e:#}")
+}

@@ -1,0 +1,36 @@
+//! The host-driven maintenance loop: the pool's `maintenance.on-tick(now)` at start-up and
+//! then every `maintenance.interval-s`, timed by the host clock (so a manual clock drives it
+//! in tests).
+
+use std::time::Duration;
+
+use crate::roles::Role;
+use crate::runtime::Host;
+
+impl Host {
+    /// Call the pool's maintenance tick now and then every `interval`, until the returned
+    /// future is dropped. Does nothing without a pool or with a zero interval.
+    pub async fn run_maintenance(self, interval: Duration) {
+        if !self.has_role(Role::AccountPool) || interval.is_zero() {
+            return;
+        }
+        let step = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            let now = self.clock().now_ms();
+            match self.maintenance_tick(now).await {
+                Ok(Ok(())) => tracing::debug!(
+                    plugin = Role::AccountPool.name(),
+                    now,
+                    "maintenance tick done"
+                ),
+                // Already logged with the plugin id by the call.
+                Err(_) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(plugin = Role::AccountPool.name(), error = ?e, "maintenance tick failed")
+                }
+            }
+            let next = now.saturating_add(step);
+            self.clock().sleep_until(next).await;
+        }
+    }
+}

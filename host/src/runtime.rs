@@ -1,0 +1,562 @@
+//! The host runtime: loads each role's component (embedded or from a file), checks its
+//! world, pre-instantiates it once, and runs every plugin call and HTTP request in a fresh
+//! `Store` with a deadline and a memory cap. It also mediates between plugins: availability
+//! queries go to a fresh pool instance, availability changes go through the delivery queue
+//! (`mediator`), and calls into Provider Retry are made one at a time.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use anyhow::Context;
+use pooler_core::clock::SharedClock;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Engine, Store, UpdateDeadline};
+
+use crate::bindings::pool::{AccountPool, AccountPoolPre};
+use crate::bindings::retry::{ProviderRetry, ProviderRetryPre};
+use crate::bindings::types::{Availability, AvailabilityChange, PluginError, UnavailableReason};
+use crate::config::{ComponentSource, Config};
+use crate::engine::{self, EPOCH_TICK, EngineLimits};
+use crate::imports::availability::{AvailabilityQuery, AvailabilitySource};
+use crate::imports::clocks::ClockView;
+use crate::imports::http_out::{AllowList, OutgoingClient};
+use crate::imports::sqlite::SqliteView;
+use crate::imports::threads::ThreadsService;
+use crate::imports::{availability, clocks, listener, log, sqlite, threads};
+use crate::mediator::ChangeQueue;
+use crate::roles::{Role, Surface, check_world};
+use crate::state::{PluginMeta, PluginState, Services};
+
+/// How long an availability query may take before the host answers
+/// `unavailable(source-unavailable)` (the contract's 5 s).
+pub const AVAILABILITY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Instances that may be alive at once (requests in flight plus plugin calls).
+const MAX_INSTANCES: u32 = 500;
+
+/// What the host needs to start.
+pub struct HostOptions {
+    pub config: Config,
+    /// The data directory; plugins' databases live under `plugins/`.
+    pub data_dir: PathBuf,
+    /// The host clock (manual in tests).
+    pub clock: SharedClock,
+    /// What answers the `threads` import.
+    pub threads: Arc<dyn ThreadsService>,
+    /// Where compiled components are cached; `None` compiles on every start.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Why a call into a plugin failed. The plugin's next call starts from a fresh instance.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    #[error("no plugin fills the {0} role")]
+    NoPlugin(Role),
+    #[error("plugin `{plugin}` trapped in `{call}`: {reason}")]
+    Trap {
+        plugin: String,
+        call: String,
+        reason: String,
+    },
+    #[error(
+        "plugin `{plugin}` ran past its deadline of {deadline_ms} ms in `{call}` and was stopped"
+    )]
+    Deadline {
+        plugin: String,
+        call: String,
+        deadline_ms: u128,
+    },
+    #[error("plugin `{plugin}` could not be instantiated for `{call}`: {reason}")]
+    Instantiate {
+        plugin: String,
+        call: String,
+        reason: String,
+    },
+}
+
+/// The marker error the epoch callback raises when a guest's CPU budget is spent.
+#[derive(Debug)]
+struct DeadlineExceeded;
+
+impl std::fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadline exceeded")
+    }
+}
+
+impl std::error::Error for DeadlineExceeded {}
+
+/// A role's component, loaded and pre-instantiated.
+pub(crate) struct Loaded<P> {
+    pub(crate) meta: Arc<PluginMeta>,
+    pub(crate) pre: P,
+    /// Held for the whole of each call when the role takes one call at a time.
+    serial: Option<tokio::sync::Mutex<()>>,
+}
+
+/// Instantiation of a role's world bindings from its pre-instantiated component.
+pub trait Instantiate: Send + Sync + 'static {
+    type Bindings: Send + Sync + 'static;
+    fn instantiate<'a>(
+        &'a self,
+        store: &'a mut Store<PluginState>,
+    ) -> Pin<Box<dyn Future<Output = wasmtime::Result<Self::Bindings>> + Send + 'a>>;
+}
+
+impl Instantiate for AccountPoolPre<PluginState> {
+    type Bindings = AccountPool;
+    fn instantiate<'a>(
+        &'a self,
+        store: &'a mut Store<PluginState>,
+    ) -> Pin<Box<dyn Future<Output = wasmtime::Result<AccountPool>> + Send + 'a>> {
+        Box::pin(self.instantiate_async(store))
+    }
+}
+
+impl Instantiate for ProviderRetryPre<PluginState> {
+    type Bindings = ProviderRetry;
+    fn instantiate<'a>(
+        &'a self,
+        store: &'a mut Store<PluginState>,
+    ) -> Pin<Box<dyn Future<Output = wasmtime::Result<ProviderRetry>> + Send + 'a>> {
+        Box::pin(self.instantiate_async(store))
+    }
+}
+
+/// A call made on a fresh instance: borrows the store and the world's bindings.
+pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<R>> + Send + 'a>>;
+
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    pub(crate) config: Config,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) clock: SharedClock,
+    services: Services,
+    pub(crate) pool: Option<Loaded<AccountPoolPre<PluginState>>>,
+    pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
+    pub(crate) changes: Arc<ChangeQueue>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.changes.close();
+    }
+}
+
+/// The running host. Cheap to clone.
+#[derive(Clone)]
+pub struct Host {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// Answers availability queries for the stores (holds the host weakly: stores must not keep
+/// the host alive).
+struct Mediator(Weak<Shared>);
+
+impl AvailabilitySource for Mediator {
+    fn query(
+        &self,
+        caller: Arc<str>,
+        query: AvailabilityQuery,
+    ) -> Pin<Box<dyn Future<Output = Availability> + Send>> {
+        let host = self.0.upgrade().map(|shared| Host { shared });
+        Box::pin(async move {
+            match host {
+                Some(host) => host.query_availability(&caller, query).await,
+                None => Availability::Unavailable(UnavailableReason::SourceUnavailable),
+            }
+        })
+    }
+}
+
+fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
+    let mut linker = Linker::<PluginState>::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(crate::wasmtime_error)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+        .map_err(crate::wasmtime_error)?;
+    // Replace wasmtime-wasi's monotonic clock with one over the host clock.
+    linker.allow_shadowing(true);
+    clocks::add_to_linker(&mut linker, |s| ClockView {
+        clock: &s.clock,
+        table: &mut s.table,
+    })
+    .map_err(crate::wasmtime_error)?;
+    linker.allow_shadowing(false);
+    crate::bindings::pool::pooler::plugins::types::add_to_linker::<
+        PluginState,
+        wasmtime::component::HasSelf<PluginState>,
+    >(&mut linker, |s| s)
+    .map_err(crate::wasmtime_error)?;
+    sqlite::add_to_linker(&mut linker, |s| SqliteView {
+        ctx: &mut s.sqlite,
+        table: &mut s.table,
+    })
+    .map_err(crate::wasmtime_error)?;
+    log::add_to_linker(&mut linker, |s| &mut s.log).map_err(crate::wasmtime_error)?;
+    listener::add_to_linker(&mut linker, |s| &mut s.listener).map_err(crate::wasmtime_error)?;
+    availability::add_to_linker(&mut linker, |s| &mut s.availability)
+        .map_err(crate::wasmtime_error)?;
+    threads::add_to_linker(&mut linker, |s| &mut s.threads).map_err(crate::wasmtime_error)?;
+    Ok(linker)
+}
+
+impl crate::bindings::pool::pooler::plugins::types::Host for PluginState {}
+
+/// The component bytes configured for `role`, and where they came from.
+fn component_bytes(config: &Config, role: Role) -> anyhow::Result<Option<(Vec<u8>, String)>> {
+    match config.plugin(role).component {
+        ComponentSource::Embedded => {
+            Ok(crate::embedded::component(role)
+                .map(|bytes| (bytes.to_vec(), "embedded".to_string())))
+        }
+        ComponentSource::File(path) => {
+            let bytes = std::fs::read(&path)
+                .with_context(|| format!("cannot read the {role} component {}", path.display()))?;
+            Ok(Some((bytes, path.display().to_string())))
+        }
+    }
+}
+
+/// Compile, check and pre-instantiate `role`'s component.
+fn load<P>(
+    engine: &Engine,
+    linker: &Linker<PluginState>,
+    config: &Config,
+    data_dir: &std::path::Path,
+    role: Role,
+    typed: impl FnOnce(wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<P>,
+) -> anyhow::Result<Option<Loaded<P>>> {
+    let Some((bytes, source)) = component_bytes(config, role)? else {
+        return Ok(None);
+    };
+    let id = role.name();
+    let component = Component::new(engine, &bytes)
+        .map_err(crate::wasmtime_error)
+        .with_context(|| format!("plugin `{id}` ({source}) is not a valid component"))?;
+    check_world(id, role, &Surface::of(&component, engine))
+        .with_context(|| format!("cannot load {source}"))?;
+    let pre = linker
+        .instantiate_pre(&component)
+        .map_err(crate::wasmtime_error)
+        .with_context(|| {
+            format!("plugin `{id}` ({source}) cannot be linked against the host's imports")
+        })?;
+    let pre = typed(pre).map_err(crate::wasmtime_error).with_context(|| {
+        format!(
+            "plugin `{id}` ({source}) does not export the world {} correctly",
+            role.world()
+        )
+    })?;
+    let settings = config.plugin(role);
+    let meta = PluginMeta {
+        id: Arc::from(id),
+        role,
+        source,
+        deadline: Duration::from_millis(settings.deadline_ms),
+        memory_bytes: usize::try_from(settings.memory_mib << 20).unwrap_or(usize::MAX),
+        allow: Arc::new(AllowList::new(&settings.allowed_hosts)),
+        dir: data_dir.join("plugins").join(id),
+    };
+    tracing::info!(plugin = id, source = %meta.source, "plugin loaded");
+    Ok(Some(Loaded {
+        meta: Arc::new(meta),
+        pre,
+        serial: (role == Role::ProviderRetry).then(|| tokio::sync::Mutex::new(())),
+    }))
+}
+
+impl Host {
+    /// Load every configured role and start the host's background work (the epoch ticker,
+    /// the availability-change delivery). Must be called inside a tokio runtime.
+    pub fn new(options: HostOptions) -> anyhow::Result<Host> {
+        let HostOptions {
+            config,
+            data_dir,
+            clock,
+            threads,
+            cache_dir,
+        } = options;
+        let max_memory = Role::ALL
+            .into_iter()
+            .map(|role| config.plugin(role).memory_mib)
+            .max()
+            .unwrap_or(64);
+        let engine = engine::build(
+            EngineLimits {
+                max_instances: MAX_INSTANCES,
+                max_memory_bytes: usize::try_from(max_memory << 20).unwrap_or(usize::MAX),
+            },
+            cache_dir.as_deref(),
+        )?;
+        engine::start_ticker(&engine)?;
+        let linker = linker(&engine)?;
+        let pool = load(
+            &engine,
+            &linker,
+            &config,
+            &data_dir,
+            Role::AccountPool,
+            AccountPoolPre::new,
+        )?;
+        let retry = load(
+            &engine,
+            &linker,
+            &config,
+            &data_dir,
+            Role::ProviderRetry,
+            ProviderRetryPre::new,
+        )?;
+        let changes = Arc::new(ChangeQueue::new());
+        let shared = Arc::new_cyclic(|weak: &Weak<Shared>| Shared {
+            engine,
+            config,
+            data_dir,
+            clock: clock.clone(),
+            services: Services {
+                clock,
+                client: OutgoingClient::new(),
+                threads,
+                availability: Arc::new(Mediator(weak.clone())),
+                changes: changes.clone(),
+            },
+            pool,
+            retry,
+            changes: changes.clone(),
+        });
+        tokio::spawn(crate::mediator::deliver(changes, Arc::downgrade(&shared)));
+        Ok(Host { shared })
+    }
+
+    /// Whether a plugin fills `role`.
+    pub fn has_role(&self, role: Role) -> bool {
+        match role {
+            Role::AccountPool => self.shared.pool.is_some(),
+            Role::ProviderRetry => self.shared.retry.is_some(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.shared.data_dir
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.shared.clock
+    }
+
+    /// A fresh store for one call or request of `meta`'s plugin, with its memory cap and a
+    /// CPU budget of `meta.deadline`: the epoch callback runs once per tick while the guest
+    /// executes (not while it waits on I/O), so counting callbacks counts CPU time; on each
+    /// one the guest also yields to the runtime, so a busy guest cannot hog a worker.
+    pub(crate) fn new_store(&self, meta: &Arc<PluginMeta>) -> Store<PluginState> {
+        let mut store = Store::new(
+            &self.shared.engine,
+            PluginState::new(meta.clone(), &self.shared.services),
+        );
+        store.limiter(|state| &mut state.limits);
+        let mut ticks_left = (meta.deadline.as_millis() / EPOCH_TICK.as_millis()).max(1);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if ticks_left == 0 {
+                return Err(wasmtime::Error::new(DeadlineExceeded));
+            }
+            ticks_left -= 1;
+            Ok(UpdateDeadline::Yield(1))
+        });
+        store
+    }
+
+    /// Describe a failed call, and log it with the plugin's id.
+    pub(crate) fn call_error(meta: &PluginMeta, call: &str, error: wasmtime::Error) -> CallError {
+        let err = if error.downcast_ref::<DeadlineExceeded>().is_some() {
+            CallError::Deadline {
+                plugin: meta.id.to_string(),
+                call: call.to_string(),
+                deadline_ms: meta.deadline.as_millis(),
+            }
+        } else {
+            CallError::Trap {
+                plugin: meta.id.to_string(),
+                call: call.to_string(),
+                reason: format!("{error:#}"),
+            }
+        };
+        tracing::error!(plugin = &*meta.id, call, error = %err, "plugin call failed");
+        err
+    }
+
+    /// Run `f` on a fresh instance of `plugin`, within its deadline (CPU and wall time).
+    async fn call<P, R>(
+        &self,
+        plugin: &Loaded<P>,
+        call: &str,
+        f: impl for<'a> FnOnce(&'a mut Store<PluginState>, &'a P::Bindings) -> CallFuture<'a, R> + Send,
+    ) -> Result<R, CallError>
+    where
+        P: Instantiate,
+        R: Send,
+    {
+        let _turn = match &plugin.serial {
+            Some(serial) => Some(serial.lock().await),
+            None => None,
+        };
+        let meta = &plugin.meta;
+        let mut store = self.new_store(meta);
+        let instance = match tokio::time::timeout(
+            meta.deadline,
+            Instantiate::instantiate(&plugin.pre, &mut store),
+        )
+        .await
+        {
+            Ok(Ok(instance)) => instance,
+            Ok(Err(e)) => {
+                let err = CallError::Instantiate {
+                    plugin: meta.id.to_string(),
+                    call: call.to_string(),
+                    reason: format!("{e:#}"),
+                };
+                tracing::error!(plugin = &*meta.id, call, error = %err, "plugin instantiation failed");
+                return Err(err);
+            }
+            Err(_) => {
+                return Err(Self::call_error(
+                    meta,
+                    call,
+                    wasmtime::Error::new(DeadlineExceeded),
+                ));
+            }
+        };
+        let outcome = tokio::time::timeout(meta.deadline, f(&mut store, &instance)).await;
+        drop(instance);
+        // Dropping the store hands the changes the call signalled to the delivery queue:
+        // only now, after the call returned.
+        drop(store);
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(Self::call_error(meta, call, e)),
+            Err(_) => Err(Self::call_error(
+                meta,
+                call,
+                wasmtime::Error::new(DeadlineExceeded),
+            )),
+        }
+    }
+
+    /// Call the plugin in the account-pool role on a fresh instance.
+    pub async fn call_pool<R: Send>(
+        &self,
+        call: &str,
+        f: impl for<'a> FnOnce(&'a mut Store<PluginState>, &'a AccountPool) -> CallFuture<'a, R> + Send,
+    ) -> Result<R, CallError> {
+        let plugin = self
+            .shared
+            .pool
+            .as_ref()
+            .ok_or(CallError::NoPlugin(Role::AccountPool))?;
+        self.call(plugin, call, f).await
+    }
+
+    /// Call the plugin in the provider-retry role on a fresh instance, after the calls
+    /// queued before this one (the role takes one call at a time).
+    pub async fn call_retry<R: Send>(
+        &self,
+        call: &str,
+        f: impl for<'a> FnOnce(&'a mut Store<PluginState>, &'a ProviderRetry) -> CallFuture<'a, R>
+        + Send,
+    ) -> Result<R, CallError> {
+        let plugin = self
+            .shared
+            .retry
+            .as_ref()
+            .ok_or(CallError::NoPlugin(Role::ProviderRetry))?;
+        self.call(plugin, call, f).await
+    }
+
+    /// The pool's `maintenance.on-tick(now)`.
+    pub async fn maintenance_tick(&self, now: u64) -> Result<Result<(), PluginError>, CallError> {
+        self.call_pool("maintenance.on-tick", move |store, pool| {
+            Box::pin(pool.pooler_plugins_maintenance().call_on_tick(store, now))
+        })
+        .await
+    }
+
+    /// Answer an availability query from `caller` through a fresh instance of the pool.
+    pub async fn query_availability(&self, caller: &str, query: AvailabilityQuery) -> Availability {
+        if self.shared.pool.is_none() {
+            return Availability::NotRouted;
+        }
+        if caller == Role::AccountPool.name() {
+            // The pool asking itself would be a call into a plugin from inside its own call.
+            tracing::warn!(
+                plugin = caller,
+                "refused an availability query of the pool by itself"
+            );
+            return Availability::Unavailable(UnavailableReason::SourceUnavailable);
+        }
+        use crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery as PoolQuery;
+        let query = PoolQuery {
+            thread: query.thread,
+            provider: query.provider,
+            request: query.request,
+            model: query.model,
+        };
+        let call = self.call_pool("availability.query", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_availability()
+                    .call_query(store, &query)
+                    .await
+            })
+        });
+        match tokio::time::timeout(AVAILABILITY_TIMEOUT, call).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                tracing::warn!(caller, error = %e, "availability source failed");
+                Availability::Unavailable(UnavailableReason::SourceUnavailable)
+            }
+            Err(_) => {
+                tracing::warn!(caller, "availability source did not answer within 5 s");
+                Availability::Unavailable(UnavailableReason::SourceUnavailable)
+            }
+        }
+    }
+
+    /// Deliver one availability change to every listening plugin; the first failure stops
+    /// the round (the whole change is delivered again later).
+    pub(crate) async fn deliver_change(
+        &self,
+        change: &AvailabilityChange,
+    ) -> Result<(), CallError> {
+        for role in Role::ALL.into_iter().filter(|role| role.is_listener()) {
+            match role {
+                Role::ProviderRetry if self.shared.retry.is_some() => {
+                    let change = change.clone();
+                    self.call_retry(
+                        "availability-listener.availability-changed",
+                        move |store, retry| {
+                            Box::pin(async move {
+                                retry
+                                    .pooler_plugins_availability_listener()
+                                    .call_availability_changed(store, &change)
+                                    .await
+                            })
+                        },
+                    )
+                    .await?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves when every availability change signalled so far has been delivered (or
+    /// there is no listener to deliver it to).
+    pub async fn availability_changes_settled(&self) {
+        self.shared.changes.settled().await;
+    }
+}

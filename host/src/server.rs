@@ -1,0 +1,395 @@
+//! The HTTP listener: each request to the pool is handed to a fresh instance of the plugin
+//! in the account-pool role (wasi:http incoming handler) and its response streamed back as
+//! the guest writes it. The host answers for itself — with `x-pooler-origin: pool` — when a
+//! request is too large, no pool is loaded, or the guest fails before responding. Paths under
+//! `/_pooler/` are the admin API, authenticated by the token the server writes to
+//! `DATA_DIR/admin-token` (0600) at start.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use wasmtime_wasi_http::WasiHttpView;
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
+
+use crate::roles::Role;
+use crate::runtime::{CallError, Host, Instantiate};
+
+/// The admin API's path prefix.
+pub const ADMIN_PREFIX: &str = "/_pooler/";
+/// The header that marks a response the host (not the upstream provider) produced.
+pub const ORIGIN_HEADER: &str = "x-pooler-origin";
+/// The admin token's file name in the data directory.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// A bound listener, ready to serve.
+pub struct Server {
+    listener: TcpListener,
+    host: Host,
+    token: Arc<str>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Server {
+    /// Bind `addr` and write a fresh admin token to the data directory.
+    pub async fn bind(host: Host, addr: SocketAddr) -> anyhow::Result<Server> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let token = write_admin_token(host.data_dir())?;
+        Ok(Server {
+            listener,
+            host,
+            token: Arc::from(token),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Serve until `shutdown` resolves, then stop accepting and let in-flight requests
+    /// finish for at most `server.drain-ms`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let graceful = GracefulShutdown::new();
+        let config = self.host.config().server.clone();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of descriptors and the like: keep serving the connections we have.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let host = self.host.clone();
+            let token = self.token.clone();
+            let in_flight = self.in_flight.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let host = host.clone();
+                let token = token.clone();
+                let in_flight = in_flight.clone();
+                async move { Ok::<_, Infallible>(handle(&host, &token, &in_flight, req).await) }
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .max_headers(config.max_headers)
+                .max_buf_size(64 * 1024);
+            let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(self.listener);
+        let drain = Duration::from_millis(config.drain_ms);
+        if tokio::time::timeout(drain, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                drain_ms = config.drain_ms,
+                "in-flight requests did not finish in time"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Write a fresh random admin token to `DATA_DIR/admin-token`, readable by the owner only.
+fn write_admin_token(data_dir: &Path) -> anyhow::Result<String> {
+    let mut raw = [0u8; 32];
+    getrandom::fill(&mut raw)
+        .map_err(|e| anyhow::anyhow!("no randomness for the admin token: {e}"))?;
+    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let path = data_dir.join(ADMIN_TOKEN_FILE);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    std::io::Write::write_all(&mut file, token.as_bytes())?;
+    Ok(token)
+}
+
+/// A response the host produced.
+fn host_response(
+    status: StatusCode,
+    content_type: &str,
+    body: impl Into<Bytes>,
+) -> Response<HyperOutgoingBody> {
+    let mut response = Response::new(
+        Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(ORIGIN_HEADER, HeaderValue::from_static("pool"));
+    if let Ok(value) = HeaderValue::from_str(content_type) {
+        headers.insert(CONTENT_TYPE, value);
+    }
+    response
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response<HyperOutgoingBody> {
+    let body = serde_json::json!({ "error": { "type": "pooler_error", "message": message } });
+    host_response(status, "application/json", body.to_string())
+}
+
+/// Counts a request as in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn handle(
+    host: &Host,
+    token: &str,
+    in_flight: &Arc<AtomicUsize>,
+    req: Request<Incoming>,
+) -> Response<HyperOutgoingBody> {
+    let _counted = InFlight::new(in_flight);
+    let path = req.uri().path();
+    if path.starts_with(ADMIN_PREFIX) || path == ADMIN_PREFIX.trim_end_matches('/') {
+        return admin(host, token, in_flight, req);
+    }
+    let limit = host.config().server.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the request body is larger than the host's limit of {limit} bytes"),
+        );
+    }
+    if !host.has_role(Role::AccountPool) {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no plugin fills the account-pool role",
+        );
+    }
+    host.handle_http(req.map(|body| LimitedBody {
+        inner: body,
+        remaining: limit,
+        limit,
+    }))
+    .await
+}
+
+/// The admin API. Every request needs `Authorization: Bearer <admin token>`.
+fn admin(
+    host: &Host,
+    token: &str,
+    in_flight: &AtomicUsize,
+    req: Request<Incoming>,
+) -> Response<HyperOutgoingBody> {
+    let presented = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        return error_response(
+            StatusCode::UNAUTHORIZED,
+            "the admin API needs the token from DATA_DIR/admin-token",
+        );
+    }
+    match (req.method().as_str(), req.uri().path()) {
+        ("GET", "/_pooler/status") => {
+            let plugins: Vec<_> = Role::ALL
+                .into_iter()
+                .map(|role| {
+                    serde_json::json!({
+                        "role": role.name(),
+                        "world": role.world(),
+                        "loaded": host.has_role(role),
+                        "source": host.plugin_source(role),
+                    })
+                })
+                .collect();
+            let body = serde_json::json!({
+                "status": "ok",
+                "version": env!("CARGO_PKG_VERSION"),
+                "data_dir": host.data_dir().display().to_string(),
+                // This request is one of them.
+                "in_flight": in_flight.load(Ordering::SeqCst),
+                "plugins": plugins,
+            });
+            host_response(StatusCode::OK, "application/json", body.to_string())
+        }
+        _ => error_response(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A request body that fails once more than `limit` bytes have arrived (for bodies without
+/// a Content-Length, which the early 413 cannot catch).
+struct LimitedBody {
+    inner: Incoming,
+    remaining: u64,
+    limit: u64,
+}
+
+impl Body for LimitedBody {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let len = data.len() as u64;
+                    if len > self.remaining {
+                        let limit = self.limit;
+                        return Poll::Ready(Some(Err(
+                            wasmtime_wasi_http::Error::HttpRequestBodySize(Some(limit)),
+                        )));
+                    }
+                    self.remaining -= len;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}
+
+impl Host {
+    /// Where `role`'s component came from, when one is loaded.
+    pub fn plugin_source(&self, role: Role) -> Option<String> {
+        match role {
+            Role::AccountPool => self.shared.pool.as_ref().map(|p| p.meta.source.clone()),
+            Role::ProviderRetry => self.shared.retry.as_ref().map(|p| p.meta.source.clone()),
+        }
+    }
+
+    /// Hand one HTTP request to a fresh instance of the pool and return its response as soon
+    /// as the guest sets it; the body streams while the guest keeps writing.
+    pub async fn handle_http<B>(&self, req: Request<B>) -> Response<HyperOutgoingBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<wasmtime_wasi_http::Error>,
+    {
+        const CALL: &str = "wasi:http/incoming-handler.handle";
+        let Some(plugin) = self.shared.pool.as_ref() else {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no plugin fills the account-pool role",
+            );
+        };
+        let meta = plugin.meta.clone();
+        let mut store = self.new_store(&meta);
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let prepared = (|| -> wasmtime::Result<_> {
+            let request = store
+                .data_mut()
+                .http()
+                .new_incoming_request(Scheme::Http, req)?;
+            let out = store.data_mut().http().new_response_outparam(sender)?;
+            Ok((request, out))
+        })();
+        let (request, out) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+        };
+        let host = self.clone();
+        // The guest runs in its own task so it can keep streaming the body after the
+        // response head has been handed to hyper.
+        let task = tokio::spawn(async move {
+            let Some(plugin) = host.shared.pool.as_ref() else {
+                return Err(CallError::NoPlugin(Role::AccountPool));
+            };
+            let result = async {
+                let instance = Instantiate::instantiate(&plugin.pre, &mut store).await?;
+                instance
+                    .wasi_http_incoming_handler()
+                    .call_handle(&mut store, request, out)
+                    .await
+            }
+            .await;
+            drop(store);
+            result.map_err(|e| Host::call_error(&plugin.meta, CALL, e))
+        });
+        match receiver.await {
+            Ok(Ok(response)) => response,
+            Ok(Err(code)) => {
+                tracing::warn!(plugin = &*meta.id, error = ?code, "the pool answered with an error code");
+                error_response(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("the pool failed the request: {code:?}"),
+                )
+            }
+            Err(_) => {
+                let message = match task.await {
+                    Ok(Ok(())) => format!("plugin `{}` returned without a response", meta.id),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => format!("plugin `{}` task failed: {e}", meta.id),
+                };
+                error_response(StatusCode::INTERNAL_SERVER_ERROR, &message)
+            }
+        }
+    }
+}

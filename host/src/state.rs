@@ -1,0 +1,127 @@
+//! What a `Store` holds: one instance's state for one HTTP request or one plugin call. Every
+//! import's context lives here, built fresh per store, so nothing a guest does survives the
+//! call except what it wrote to its databases.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pooler_core::clock::SharedClock;
+use wasmtime::component::ResourceTable;
+use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use crate::imports::availability::{AvailabilityCtx, AvailabilitySource};
+use crate::imports::clocks::{MonotonicClock, WallClock};
+use crate::imports::http_out::{AllowList, OutgoingClient, OutgoingPolicy};
+use crate::imports::listener::{ChangeSink, ListenerCtx};
+use crate::imports::log::LogCtx;
+use crate::imports::sqlite::SqliteCtx;
+use crate::imports::threads::{ThreadsCtx, ThreadsService};
+use crate::roles::Role;
+
+/// What the host knows about a loaded plugin, shared by all its stores.
+#[derive(Debug)]
+pub struct PluginMeta {
+    /// The plugin's id: its role's name. Tags its log lines, names its data directory.
+    pub id: Arc<str>,
+    pub role: Role,
+    /// Where its component came from (`embedded` or a path), for messages.
+    pub source: String,
+    /// Its per-call deadline.
+    pub deadline: Duration,
+    /// Its memory cap per instance.
+    pub memory_bytes: usize,
+    /// Hosts it may send HTTP requests to.
+    pub allow: Arc<AllowList>,
+    /// Its database directory, `DATA_DIR/plugins/<id>`.
+    pub dir: PathBuf,
+}
+
+/// The host services every store reaches.
+#[derive(Clone)]
+pub struct Services {
+    pub clock: SharedClock,
+    pub client: OutgoingClient,
+    pub threads: Arc<dyn ThreadsService>,
+    pub availability: Arc<dyn AvailabilitySource>,
+    pub changes: Arc<dyn ChangeSink>,
+}
+
+/// The data of one `Store`.
+pub struct PluginState {
+    pub(crate) meta: Arc<PluginMeta>,
+    pub(crate) table: ResourceTable,
+    pub(crate) clock: SharedClock,
+    pub(crate) limits: StoreLimits,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    outgoing: OutgoingPolicy,
+    pub(crate) sqlite: SqliteCtx,
+    pub(crate) log: LogCtx,
+    pub(crate) listener: ListenerCtx,
+    pub(crate) availability: AvailabilityCtx,
+    pub(crate) threads: ThreadsCtx,
+}
+
+impl PluginState {
+    pub fn new(meta: Arc<PluginMeta>, services: &Services) -> Self {
+        let id = meta.id.clone();
+        // Stdio is not connected: plugins log through the `log` import. Environment and
+        // arguments are empty; there are no preopened directories or sockets.
+        let wasi = WasiCtx::builder()
+            .wall_clock(WallClock(services.clock.clone()))
+            .monotonic_clock(MonotonicClock(services.clock.clone()))
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        // A failed memory.grow returns -1 to the guest (which may handle it) instead of
+        // trapping at once.
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(meta.memory_bytes)
+            .trap_on_grow_failure(false)
+            .build();
+        PluginState {
+            table: ResourceTable::new(),
+            clock: services.clock.clone(),
+            limits,
+            wasi,
+            http: WasiHttpCtx::new(),
+            outgoing: OutgoingPolicy::new(id.clone(), meta.allow.clone(), services.client.clone()),
+            sqlite: SqliteCtx::new(meta.dir.clone()),
+            log: LogCtx::new(id.clone()),
+            listener: ListenerCtx::new(id.clone(), services.changes.clone()),
+            availability: AvailabilityCtx::new(id.clone(), services.availability.clone()),
+            threads: ThreadsCtx::new(id, services.threads.clone()),
+            meta,
+        }
+    }
+}
+
+impl PluginState {
+    /// The id of the plugin this store runs.
+    pub fn plugin_id(&self) -> &str {
+        &self.meta.id
+    }
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for PluginState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.outgoing,
+        }
+    }
+}

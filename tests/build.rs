@@ -1,0 +1,56 @@
+//! Builds the test fixtures (guest components under `fixtures/`) for wasm32-wasip2 with the
+//! same pipeline as the host's embedded components, and tells the tests where they are.
+
+#[path = "../host/guest_build.rs"]
+mod guest_build;
+
+use guest_build::{Guest, build_guests, literal};
+use std::path::PathBuf;
+
+/// The fixtures: (const name in `support::fixtures`, package). One line per fixture.
+const FIXTURES: &[(&str, &str)] = &[("POOL", "fixture-pool"), ("RETRY", "fixture-retry")];
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=../host/guest_build.rs");
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let fixtures = manifest_dir.join("fixtures");
+    let root = manifest_dir
+        .parent()
+        .expect("tests live in the workspace")
+        .to_path_buf();
+    let guests: Vec<Guest<'_>> = FIXTURES
+        .iter()
+        .map(|(_, package)| Guest {
+            package,
+            dir: fixtures.join(package.trim_start_matches("fixture-")),
+        })
+        .collect();
+    let paths = build_guests(
+        "fixtures",
+        &fixtures.join("Cargo.toml"),
+        &guests,
+        &[root.join("wit")],
+    );
+
+    let mut code = String::new();
+    for ((name, package), path) in FIXTURES.iter().zip(&paths) {
+        code.push_str(&format!(
+            "/// The `{package}` component.\npub const {name}: &str = {};\n",
+            literal(path)
+        ));
+    }
+    // wasmtime's compile cache for the tests, shared by every run so only the first run
+    // after a fixture change compiles it.
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo"));
+    let target = out_dir
+        .ancestors()
+        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| out_dir.clone());
+    code.push_str(&format!(
+        "/// wasmtime's compile cache for tests.\npub const COMPILE_CACHE: &str = {};\n",
+        literal(&target.join("wasmtime-cache"))
+    ));
+    std::fs::write(out_dir.join("fixtures.rs"), code).expect("write fixtures.rs");
+}

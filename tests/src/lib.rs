@@ -1,0 +1,15 @@
+//! Support for the host's integration tests (and later the plugins' scenario tests): the
+//! fixture components, a test host on a manual clock with a temporary data directory, a
+//! scripted fake upstream HTTP server on 127.0.0.1, a small HTTP client, a fake `threads`
+//! service and a capture of the host's log lines.
+
+pub mod client;
+pub mod harness;
+pub mod logs;
+pub mod threads;
+pub mod upstream;
+
+/// Paths of the fixture components built by `build.rs`.
+pub mod fixtures {
+    include!(concat!(env!("OUT_DIR"), "/fixtures.rs"));
+}
