@@ -11,7 +11,10 @@ use std::path::PathBuf;
 /// The embedded default component of each role: (role, package in this workspace).
 /// Adding a plugin is one line here, e.g. `("account-pool", "account-pool"),`. A role not
 /// listed has no embedded component: it is empty unless the configuration names a file.
-const EMBEDDED: &[(&str, &str)] = &[];
+const EMBEDDED: &[(&str, &str)] = &[
+    ("account-pool", "account-pool"),
+    ("provider-retry", "provider-retry"),
+];
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");

@@ -7,7 +7,7 @@
 //! max-body-bytes = 33554432
 //!
 //! [plugins.account-pool]
-//! component = "embedded"          # or a path to a .wasm component
+//! component = "embedded"          # or "none", or a path to a .wasm component
 //! allowed-hosts = ["api.anthropic.com", "chatgpt.com"]
 //! deadline-ms = 10000
 //! memory-mib = 64
@@ -87,6 +87,8 @@ pub enum ComponentSource {
     Embedded,
     /// A component file.
     File(PathBuf),
+    /// No plugin fills the role (e.g. run the pool without Provider Retry).
+    None,
 }
 
 impl<'de> Deserialize<'de> for ComponentSource {
@@ -94,6 +96,7 @@ impl<'de> Deserialize<'de> for ComponentSource {
         let text = String::deserialize(d)?;
         Ok(match text.as_str() {
             "embedded" => ComponentSource::Embedded,
+            "none" => ComponentSource::None,
             "" => return Err(serde::de::Error::custom("component path is empty")),
             path => ComponentSource::File(PathBuf::from(path)),
         })

@@ -68,6 +68,12 @@ pub enum CallError {
         call: String,
         deadline_ms: u128,
     },
+    #[error("plugin `{plugin}` answered a transient error in `{call}`: {reason}")]
+    Transient {
+        plugin: String,
+        call: String,
+        reason: String,
+    },
     #[error("plugin `{plugin}` could not be instantiated for `{call}`: {reason}")]
     Instantiate {
         plugin: String,
@@ -216,6 +222,7 @@ fn component_bytes(config: &Config, role: Role) -> anyhow::Result<Option<(Vec<u8
                 .with_context(|| format!("cannot read the {role} component {}", path.display()))?;
             Ok(Some((bytes, path.display().to_string())))
         }
+        ComponentSource::None => Ok(None),
     }
 }
 
@@ -534,19 +541,33 @@ impl Host {
         for role in Role::ALL.into_iter().filter(|role| role.is_listener()) {
             match role {
                 Role::ProviderRetry if self.shared.retry.is_some() => {
+                    const CALL: &str = "availability-listener.availability-changed";
                     let change = change.clone();
-                    self.call_retry(
-                        "availability-listener.availability-changed",
-                        move |store, retry| {
+                    let answer = self
+                        .call_retry(CALL, move |store, retry| {
                             Box::pin(async move {
                                 retry
                                     .pooler_plugins_availability_listener()
                                     .call_availability_changed(store, &change)
                                     .await
                             })
-                        },
-                    )
-                    .await?;
+                        })
+                        .await?;
+                    match answer {
+                        Ok(()) => {}
+                        // The plugin says this change can never be handled: redelivering it
+                        // would loop, so it is logged and dropped.
+                        Err(PluginError::InvalidInput(reason)) => {
+                            tracing::warn!(plugin = role.name(), call = CALL, %reason, "listener refused an availability change");
+                        }
+                        Err(PluginError::Storage(reason) | PluginError::Dependency(reason)) => {
+                            return Err(CallError::Transient {
+                                plugin: role.name().to_owned(),
+                                call: CALL.to_owned(),
+                                reason,
+                            });
+                        }
+                    }
                 }
                 _ => {}
             }

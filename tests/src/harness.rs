@@ -23,7 +23,7 @@ pub const START_MS: u64 = 1_767_225_600_000;
 /// How to set up a [`TestHost`].
 #[derive(Default)]
 pub struct Setup {
-    roles: Vec<(Role, PathBuf, String)>,
+    roles: Vec<(Role, String, String)>,
     extra: String,
 }
 
@@ -35,8 +35,16 @@ impl Setup {
     /// Fill `role` with the component at `path`; `settings` are more lines of its
     /// `[plugins.<role>]` table (e.g. `deadline-ms = 500`).
     pub fn role(mut self, role: Role, path: impl AsRef<Path>, settings: &str) -> Self {
+        let source = path.as_ref().display().to_string();
+        self.roles.push((role, source, settings.to_string()));
+        self
+    }
+
+    /// Fill `role` with the plugin embedded in the `pooler` binary (the real Account Pooler
+    /// or Provider Retry). A role named neither here nor by [`Setup::role`] stays empty.
+    pub fn embedded(mut self, role: Role, settings: &str) -> Self {
         self.roles
-            .push((role, path.as_ref().to_path_buf(), settings.to_string()));
+            .push((role, "embedded".to_string(), settings.to_string()));
         self
     }
 
@@ -50,11 +58,17 @@ impl Setup {
     /// The configuration file this setup describes.
     pub fn toml(&self) -> String {
         let mut text = self.extra.clone();
-        for (role, path, settings) in &self.roles {
+        for role in Role::ALL {
+            let (source, settings) = self
+                .roles
+                .iter()
+                .find(|(r, _, _)| *r == role)
+                .map_or(("none", ""), |(_, source, settings)| {
+                    (source.as_str(), settings.as_str())
+                });
             text.push_str(&format!(
-                "[plugins.{}]\ncomponent = {:?}\n{settings}\n",
+                "[plugins.{}]\ncomponent = {source:?}\n{settings}\n",
                 role.name(),
-                path.display().to_string()
             ));
         }
         text

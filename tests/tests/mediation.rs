@@ -159,7 +159,7 @@ async fn a_plugin_call_that_traps_names_the_plugin_and_the_call_and_the_next_cal
         ),
         "{err}"
     );
-    call(change).await.unwrap();
+    call(change).await.unwrap().unwrap();
     assert_eq!(
         host.setting(Role::ProviderRetry, "provider")
             .await

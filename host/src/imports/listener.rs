@@ -9,7 +9,7 @@ use std::sync::Arc;
 use wasmtime::component::{HasData, Linker};
 
 use crate::bindings::pool::pooler::plugins::availability_listener::{self, Host};
-use crate::bindings::types::AvailabilityChange;
+use crate::bindings::types::{AvailabilityChange, PluginError};
 
 /// Receives the changes a finished call signalled (the host's delivery queue).
 pub trait ChangeSink: Send + Sync + 'static {
@@ -84,10 +84,13 @@ pub fn add_to_linker<T: Send + 'static>(
 }
 
 impl Host for &mut ListenerCtx {
-    fn availability_changed(&mut self, change: AvailabilityChange) -> wasmtime::Result<()> {
+    fn availability_changed(
+        &mut self,
+        change: AvailabilityChange,
+    ) -> wasmtime::Result<Result<(), PluginError>> {
         tracing::debug!(plugin = &*self.plugin, provider = ?change.provider, causes = ?change.causes, "availability changed");
         coalesce(&mut self.pending, change);
-        Ok(())
+        Ok(Ok(()))
     }
 }
 

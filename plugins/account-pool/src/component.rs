@@ -463,12 +463,21 @@ fn deliver(admin: &Admin<'_, WitDb, WasiUpstream, WasiEnv>) {
     match admin.take_changes() {
         Ok(changes) => {
             for c in changes {
-                availability_listener::availability_changed(&types::AvailabilityChange {
-                    provider: provider_out(c.provider),
-                    causes: c.causes.into_iter().map(cause_out).collect(),
-                    earliest: availability_out(c.earliest),
-                    detected_at: c.detected_at,
-                });
+                let queued =
+                    availability_listener::availability_changed(&types::AvailabilityChange {
+                        provider: provider_out(c.provider),
+                        causes: c.causes.into_iter().map(cause_out).collect(),
+                        earliest: availability_out(c.earliest),
+                        detected_at: c.detected_at,
+                    });
+                // The host could not queue it; the listeners' fallback tick covers the loss.
+                if let Err(e) = queued {
+                    WasiEnv.log(
+                        Level::Warn,
+                        "the host could not queue an availability change",
+                        &[("error", format!("{e:?}"))],
+                    );
+                }
             }
         }
         Err(e) => WasiEnv.log(

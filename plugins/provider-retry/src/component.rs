@@ -25,7 +25,7 @@ use pooler_plugin_kit::{Db, DbError, Rows, Value};
 
 use crate::engine::Engine;
 use crate::policy::Random;
-use crate::ports::{self, AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, Threads};
+use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, Threads};
 use crate::settings::{SettingView, Settings, SettingsError};
 use crate::store;
 use crate::types::*;
@@ -507,22 +507,18 @@ fn to_wit_settings_error(e: SettingsError) -> wit_settings::SettingsError {
 // ----- exports ------------------------------------------------------------------------------
 
 impl availability_listener::Guest for Component {
-    fn availability_changed(change: wit::AvailabilityChange) {
+    fn availability_changed(change: wit::AvailabilityChange) -> Result<(), wit::PluginError> {
         let change = AvailabilityChange {
             provider: from_wit_provider(change.provider),
             causes: change.causes.into_iter().map(from_wit_cause).collect(),
             earliest: from_wit_availability(change.earliest),
             detected_at: change.detected_at,
         };
-        // The callback has no error channel; a failed pass is logged, and the next tick
-        // re-evaluates the candidates it left as they were.
-        if let Err(e) = with_engine(|engine| engine.availability_changed(&change)) {
-            Host.log(
-                ports::Level::Warn,
-                "availability-changed not fully handled",
-                &[("error", e.to_string())],
-            );
-        }
+        // A failed pass is reported to the host, which delivers the change again; the
+        // candidates the pass did finish are committed, and re-evaluating them is idempotent.
+        with_engine(|engine| engine.availability_changed(&change))
+            .map(|_summary| ())
+            .map_err(to_wit_plugin_error)
     }
 }
 
