@@ -402,7 +402,17 @@ impl Core {
     /// the history. It does not bypass the core's own waits: an archived thread or one
     /// running a turn is refused. A claim the host holds on the row becomes void.
     pub fn send_now(&self, thread: &str, now: Timestamp) -> Result<TurnPlan, CoreError> {
-        let plan = self.write(|tx| {
+        self.send_now_row(thread, now).map(|(_, plan)| plan)
+    }
+
+    /// [`Core::send_now`], also returning the id of the row it dispatched (the host tells
+    /// the retry plugin which row a person sent).
+    pub fn send_now_row(
+        &self,
+        thread: &str,
+        now: Timestamp,
+    ) -> Result<(RowId, TurnPlan), CoreError> {
+        let (row, plan) = self.write(|tx| {
             let t = store::load_thread(tx, thread)?
                 .ok_or_else(|| CoreError::NoSuchThread(thread.to_string()))?;
             if t.archived {
@@ -427,10 +437,11 @@ impl Core {
             if t.status == ThreadStatus::Active {
                 return Err(CoreError::ThreadBusy(thread.to_string()));
             }
-            dispatch_row(tx, &live, TurnTrigger::SendNow, Actor::Person, now)
+            let plan = dispatch_row(tx, &live, TurnTrigger::SendNow, Actor::Person, now)?;
+            Ok((live.row.id, plan))
         })?;
-        tracing::info!(thread, request = %plan.request, attempt = plan.attempt, "retry sent now by a person");
-        Ok(plan)
+        tracing::info!(thread, row, request = %plan.request, attempt = plan.attempt, "retry sent now by a person");
+        Ok((row, plan))
     }
 }
 

@@ -45,7 +45,27 @@ impl Core {
         model: Option<&str>,
         route: Option<Route>,
     ) -> Result<ThreadId, CoreError> {
-        let id = ids::new_id("th");
+        let id = Self::new_thread_id();
+        self.new_thread_with_id(&id, provider, model, route)?;
+        Ok(id)
+    }
+
+    /// A fresh thread id, for a host that must name the thread before creating it (the
+    /// pool's route is opened for the id, then the thread is created with its route).
+    pub fn new_thread_id() -> ThreadId {
+        ids::new_id("th")
+    }
+
+    /// Creates a thread under an id from [`Core::new_thread_id`]. Fails with a storage
+    /// error if the id is taken.
+    pub fn new_thread_with_id(
+        &self,
+        id: &str,
+        provider: Provider,
+        model: Option<&str>,
+        route: Option<Route>,
+    ) -> Result<(), CoreError> {
+        validate_text("a thread id", id)?;
         let now = self.now();
         self.write(|tx| {
             tx.execute(
@@ -65,7 +85,7 @@ impl Core {
             Ok::<_, CoreError>(())
         })?;
         tracing::info!(thread = %id, %provider, routed = route.is_some(), "thread created");
-        Ok(id)
+        Ok(())
     }
 
     /// Replaces (or removes) a thread's pool route.

@@ -14,6 +14,11 @@
 //!
 //! [maintenance]
 //! interval-s = 10
+//!
+//! [core]
+//! concurrency-limit = 4           # turns at once; stored in the core database
+//! retry-tick-s = 10               # Provider Retry's on-tick interval (0: never)
+//! turn-idle-timeout-s = 300       # silence after which a running turn fails
 //! ```
 
 use std::collections::BTreeMap;
@@ -36,6 +41,39 @@ pub struct Config {
     pub plugins: BTreeMap<String, PluginConfig>,
     #[serde(default)]
     pub maintenance: MaintenanceConfig,
+    #[serde(default)]
+    pub core: CoreConfig,
+}
+
+/// `[core]`: the threads, turns and retry queue the host plays.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CoreConfig {
+    /// How many turns run at once. When set, stored in the core database at start (the
+    /// core keeps the last value, default 4).
+    #[serde(default)]
+    pub concurrency_limit: Option<u32>,
+    /// Seconds of host-clock time between calls to Provider Retry's `scheduler.on-tick`
+    /// (0: never).
+    #[serde(default = "default_interval_s")]
+    pub retry_tick_s: u64,
+    /// Seconds of silence (no response head, no stream bytes) after which a turn fails.
+    #[serde(default = "default_turn_idle_timeout_s")]
+    pub turn_idle_timeout_s: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            concurrency_limit: None,
+            retry_tick_s: default_interval_s(),
+            turn_idle_timeout_s: default_turn_idle_timeout_s(),
+        }
+    }
+}
+
+fn default_turn_idle_timeout_s() -> u64 {
+    300
 }
 
 /// `[server]`: the HTTP listener.
@@ -204,6 +242,12 @@ impl Config {
                     bail!("plugins.{name}.allowed-hosts: `{host}` is not a host or host:port");
                 }
             }
+        }
+        if self.core.concurrency_limit == Some(0) {
+            bail!("core.concurrency-limit must be at least 1");
+        }
+        if self.core.turn_idle_timeout_s == 0 {
+            bail!("core.turn-idle-timeout-s must be positive");
         }
         if self.server.max_body_bytes == 0 {
             bail!("server.max-body-bytes must be positive");

@@ -16,6 +16,8 @@
 //! 4. Plugins reach each other only through the host ([`mediator`]): availability queries go
 //!    to a fresh pool instance, availability changes are queued and delivered after the
 //!    signalling call returned, and Provider Retry takes one call at a time.
+//! 5. People reach the plugins through the admin API ([`admin`], under `/_pooler/` on the same
+//!    listener) with the `pooler` command line ([`cli`]).
 //!
 //! ```no_run
 //! # async fn run() -> anyhow::Result<()> {
@@ -35,9 +37,11 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
 pub mod bindings;
 pub mod cli;
 pub mod config;
+pub mod core_link;
 pub mod embedded;
 pub mod engine;
 pub mod imports;

@@ -143,6 +143,8 @@ pub(crate) struct Shared {
     pub(crate) pool: Option<Loaded<AccountPoolPre<PluginState>>>,
     pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
     pub(crate) changes: Arc<ChangeQueue>,
+    /// The core, when the host runs with one (`core_link::CoreLink::attach`).
+    pub(crate) core: std::sync::OnceLock<Arc<crate::core_link::CoreLink>>,
 }
 
 impl Drop for Shared {
@@ -331,6 +333,7 @@ impl Host {
             pool,
             retry,
             changes: changes.clone(),
+            core: std::sync::OnceLock::new(),
         });
         tokio::spawn(crate::mediator::deliver(changes, Arc::downgrade(&shared)));
         Ok(Host { shared })

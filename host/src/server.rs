@@ -2,8 +2,8 @@
 //! in the account-pool role (wasi:http incoming handler) and its response streamed back as
 //! the guest writes it. The host answers for itself — with `x-pooler-origin: pool` — when a
 //! request is too large, no pool is loaded, or the guest fails before responding. Paths under
-//! `/_pooler/` are the admin API, authenticated by the token the server writes to
-//! `DATA_DIR/admin-token` (0600) at start.
+//! `/_pooler/` go to the admin API ([`crate::admin`]), authenticated by the token the server
+//! writes to `DATA_DIR/admin-token` (0600) at start.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -27,6 +27,7 @@ use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
+use crate::admin::Admin;
 use crate::roles::Role;
 use crate::runtime::{CallError, Host, Instantiate};
 
@@ -41,7 +42,7 @@ pub const ADMIN_TOKEN_FILE: &str = "admin-token";
 pub struct Server {
     listener: TcpListener,
     host: Host,
-    token: Arc<str>,
+    admin: Arc<Admin>,
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -52,11 +53,22 @@ impl Server {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let token = write_admin_token(host.data_dir())?;
+        if let Some(core) = host.core() {
+            // The core sends its turns through this listener, as an agent would.
+            core.set_listener(listener.local_addr()?);
+        }
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let admin = Admin::new(
+            host.clone(),
+            token,
+            listener.local_addr()?,
+            in_flight.clone(),
+        );
         Ok(Server {
             listener,
             host,
-            token: Arc::from(token),
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            admin: Arc::new(admin),
+            in_flight,
         })
     }
 
@@ -85,13 +97,13 @@ impl Server {
             };
             let _ = stream.set_nodelay(true);
             let host = self.host.clone();
-            let token = self.token.clone();
+            let admin = self.admin.clone();
             let in_flight = self.in_flight.clone();
             let service = hyper::service::service_fn(move |req| {
                 let host = host.clone();
-                let token = token.clone();
+                let admin = admin.clone();
                 let in_flight = in_flight.clone();
-                async move { Ok::<_, Infallible>(handle(&host, &token, &in_flight, req).await) }
+                async move { Ok::<_, Infallible>(handle(&host, &admin, &in_flight, req).await) }
             });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
@@ -188,14 +200,14 @@ impl Drop for InFlight {
 
 async fn handle(
     host: &Host,
-    token: &str,
+    admin: &Admin,
     in_flight: &Arc<AtomicUsize>,
     req: Request<Incoming>,
 ) -> Response<HyperOutgoingBody> {
     let _counted = InFlight::new(in_flight);
     let path = req.uri().path();
     if path.starts_with(ADMIN_PREFIX) || path == ADMIN_PREFIX.trim_end_matches('/') {
-        return admin(host, token, in_flight, req);
+        return admin.handle(req).await;
     }
     let limit = host.config().server.max_body_bytes;
     let declared = req
@@ -221,59 +233,6 @@ async fn handle(
         limit,
     }))
     .await
-}
-
-/// The admin API. Every request needs `Authorization: Bearer <admin token>`.
-fn admin(
-    host: &Host,
-    token: &str,
-    in_flight: &AtomicUsize,
-    req: Request<Incoming>,
-) -> Response<HyperOutgoingBody> {
-    let presented = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-        return error_response(
-            StatusCode::UNAUTHORIZED,
-            "the admin API needs the token from DATA_DIR/admin-token",
-        );
-    }
-    match (req.method().as_str(), req.uri().path()) {
-        ("GET", "/_pooler/status") => {
-            let plugins: Vec<_> = Role::ALL
-                .into_iter()
-                .map(|role| {
-                    serde_json::json!({
-                        "role": role.name(),
-                        "world": role.world(),
-                        "loaded": host.has_role(role),
-                        "source": host.plugin_source(role),
-                    })
-                })
-                .collect();
-            let body = serde_json::json!({
-                "status": "ok",
-                "version": env!("CARGO_PKG_VERSION"),
-                "data_dir": host.data_dir().display().to_string(),
-                // This request is one of them.
-                "in_flight": in_flight.load(Ordering::SeqCst),
-                "plugins": plugins,
-            });
-            host_response(StatusCode::OK, "application/json", body.to_string())
-        }
-        _ => error_response(StatusCode::NOT_FOUND, "no such admin endpoint"),
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A request body that fails once more than `limit` bytes have arrived (for bodies without

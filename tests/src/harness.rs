@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pooler_core::clock::ManualClock;
+use pooler_core::clock::{Clock, ManualClock, SharedClock, Sleep};
 use pooler_host::config::Config;
 use pooler_host::roles::Role;
 use pooler_host::runtime::{Host, HostOptions};
 use pooler_host::server::{ADMIN_TOKEN_FILE, Server};
 use tempfile::TempDir;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::fixtures::COMPILE_CACHE;
 use crate::threads::FakeThreads;
@@ -78,21 +78,106 @@ impl Setup {
     pub fn start(self) -> anyhow::Result<TestHost> {
         let data = tempfile::tempdir()?;
         let clock = ManualClock::new(START_MS);
+        let sleepers = Arc::new(Sleepers::default());
         let threads = Arc::new(FakeThreads::default());
         let config = Config::parse(&self.toml())?;
-        let host = Host::new(HostOptions {
-            config,
-            data_dir: data.path().to_path_buf(),
-            clock: clock.clone(),
-            threads: threads.clone(),
-            cache_dir: Some(PathBuf::from(COMPILE_CACHE)),
-        })?;
+        let host = start_host(&config, &data, &clock, &sleepers, &threads)?;
         Ok(TestHost {
             host,
             clock,
+            sleepers,
             threads,
+            config,
             data,
             server: None,
+        })
+    }
+}
+
+fn start_host(
+    config: &Config,
+    data: &TempDir,
+    clock: &Arc<ManualClock>,
+    sleepers: &Arc<Sleepers>,
+    threads: &Arc<FakeThreads>,
+) -> anyhow::Result<Host> {
+    let watched: SharedClock = Arc::new(WatchedClock {
+        clock: clock.clone(),
+        sleepers: sleepers.clone(),
+    });
+    Host::new(HostOptions {
+        config: config.clone(),
+        data_dir: data.path().to_path_buf(),
+        clock: watched,
+        threads: threads.clone(),
+        cache_dir: Some(PathBuf::from(COMPILE_CACHE)),
+    })
+}
+
+/// The deadlines (monotonic ns) of everything sleeping on the manual clock right now.
+#[derive(Default)]
+pub struct Sleepers {
+    next_id: std::sync::atomic::AtomicU64,
+    pending: watch::Sender<Vec<(u64, u64)>>,
+}
+
+/// Removes its sleeper from [`Sleepers`] when the sleep ends or is dropped.
+struct Asleep {
+    sleepers: Arc<Sleepers>,
+    id: u64,
+}
+
+impl Drop for Asleep {
+    fn drop(&mut self) {
+        self.sleepers
+            .pending
+            .send_modify(|p| p.retain(|(id, _)| *id != self.id));
+    }
+}
+
+impl Sleepers {
+    fn enter(self: &Arc<Self>, deadline_ns: u64) -> Asleep {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.pending.send_modify(|p| p.push((id, deadline_ns)));
+        Asleep {
+            sleepers: self.clone(),
+            id,
+        }
+    }
+}
+
+/// The manual clock as the host (and so every guest) sees it: the same time, and every
+/// sleeper recorded with its deadline so a test can move time to exactly when the next one
+/// wakes, instead of guessing.
+struct WatchedClock {
+    clock: Arc<ManualClock>,
+    sleepers: Arc<Sleepers>,
+}
+
+impl Clock for WatchedClock {
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+    fn monotonic_ns(&self) -> u64 {
+        self.clock.monotonic_ns()
+    }
+    fn sleep_until(&self, deadline_ms: u64) -> Sleep {
+        let ahead_ns = deadline_ms.saturating_sub(self.clock.now_ms()) * 1_000_000;
+        let asleep = self.sleepers.enter(self.clock.monotonic_ns() + ahead_ns);
+        let sleep = self.clock.sleep_until(deadline_ms);
+        Box::pin(async move {
+            sleep.await;
+            drop(asleep);
+        })
+    }
+    fn sleep_until_monotonic(&self, deadline_ns: u64) -> Sleep {
+        let asleep = self.sleepers.enter(deadline_ns);
+        let sleep = self.clock.sleep_until_monotonic(deadline_ns);
+        Box::pin(async move {
+            sleep.await;
+            drop(asleep);
         })
     }
 }
@@ -101,7 +186,9 @@ impl Setup {
 pub struct TestHost {
     pub host: Host,
     pub clock: Arc<ManualClock>,
+    sleepers: Arc<Sleepers>,
     pub threads: Arc<FakeThreads>,
+    config: Config,
     pub data: TempDir,
     server: Option<RunningServer>,
 }
@@ -127,6 +214,57 @@ impl TestHost {
             task,
         });
         Ok(format!("http://{addr}"))
+    }
+
+    /// Stop the server and the host, and start them again on the same data directory,
+    /// configuration and clock (as a restarted `pooler serve` would); returns the new URL
+    /// when the server was running, else `None`.
+    pub async fn restart(&mut self) -> anyhow::Result<Option<String>> {
+        let serving = self.server.is_some();
+        self.stop_server().await?;
+        self.host = start_host(
+            &self.config,
+            &self.data,
+            &self.clock,
+            &self.sleepers,
+            &self.threads,
+        )?;
+        Ok(if serving {
+            Some(self.serve().await?)
+        } else {
+            None
+        })
+    }
+
+    /// How long until the next sleeper on the host clock wakes (a guest's backoff or wait,
+    /// the maintenance loop), once something sleeps past now. Waits (for real, at most
+    /// `limit`) until something does; `None` if nothing did.
+    pub async fn next_wake(&self, limit: std::time::Duration) -> Option<std::time::Duration> {
+        let mut rx = self.sleepers.pending.subscribe();
+        let clock = self.clock.clone();
+        let ahead = move |pending: &Vec<(u64, u64)>| {
+            let now = clock.monotonic_ns();
+            pending
+                .iter()
+                .map(|(_, at)| *at)
+                .filter(|at| *at > now)
+                .min()
+                .map(|at| at - now)
+        };
+        let found = tokio::time::timeout(limit, rx.wait_for(|p| ahead(p).is_some()))
+            .await
+            .ok()?
+            .ok()?
+            .clone();
+        ahead(&found).map(|ns| std::time::Duration::from_millis(ns.div_ceil(1_000_000)))
+    }
+
+    /// Wait until something sleeps on the host clock, then move the clock to exactly when
+    /// it wakes. Returns how far the clock moved (`None` if nothing slept within `limit`).
+    pub async fn sleep_through(&self, limit: std::time::Duration) -> Option<std::time::Duration> {
+        let wake = self.next_wake(limit).await?;
+        self.clock.advance(wake);
+        Some(wake)
     }
 
     pub fn addr(&self) -> Option<SocketAddr> {

@@ -4,8 +4,10 @@
 //! service and a capture of the host's log lines.
 
 pub mod client;
+pub mod core;
 pub mod harness;
 pub mod logs;
+pub mod pool;
 pub mod threads;
 pub mod upstream;
 

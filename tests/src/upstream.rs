@@ -72,6 +72,8 @@ pub struct Reply {
     steps: Vec<Step>,
     /// Close the connection without any response.
     drop_before_head: bool,
+    /// Send nothing (not even the head) until this gate opens.
+    head_gate: Option<Gate>,
 }
 
 impl Reply {
@@ -81,6 +83,7 @@ impl Reply {
             headers: Vec::new(),
             steps: Vec::new(),
             drop_before_head: false,
+            head_gate: None,
         }
     }
 
@@ -95,6 +98,13 @@ impl Reply {
             drop_before_head: true,
             ..Reply::status(0)
         }
+    }
+
+    /// Answer nothing, not even the status line, until `gate` opens (the request stays in
+    /// flight, waiting for its response head).
+    pub fn hold_head(mut self, gate: &Gate) -> Self {
+        self.head_gate = Some(gate.clone());
+        self
     }
 
     pub fn header(mut self, name: &str, value: &str) -> Self {
@@ -297,6 +307,9 @@ async fn answer(
         .unwrap()
         .pop_front()
         .unwrap_or_else(|| state.default.clone());
+    if let Some(gate) = &reply.head_gate {
+        gate.passed().await;
+    }
     if reply.drop_before_head {
         // An error from the service makes hyper close the connection without a response.
         return Err(std::io::Error::other("scripted: drop the connection"));

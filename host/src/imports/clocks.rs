@@ -65,15 +65,22 @@ pub fn add_to_linker<T: Send + 'static>(
 struct Deadline {
     clock: SharedClock,
     at: u64,
+    /// Whether the one yield owed by a deadline already past at subscription is still due.
+    yield_due: bool,
 }
 
 #[async_trait::async_trait]
 impl Pollable for Deadline {
     async fn ready(&mut self) {
         if self.clock.monotonic_ns() >= self.at {
-            // Yield once so a guest polling in a loop with a zero timeout cannot starve the
-            // runtime (wasmtime-wasi does the same for past deadlines).
-            tokio::task::yield_now().await;
+            // A deadline already past when subscribed yields once, so a guest polling in a
+            // loop with a zero timeout cannot starve the runtime (as wasmtime-wasi does).
+            // Only once: `pollable.ready` polls this future a single time, so a deadline
+            // that yielded on every check would never read as ready, and a guest that
+            // checks `ready` after `poll` said so (wstd does) would spin forever.
+            if std::mem::take(&mut self.yield_due) {
+                tokio::task::yield_now().await;
+            }
             return;
         }
         self.clock.sleep_until_monotonic(self.at).await;
@@ -82,9 +89,11 @@ impl Pollable for Deadline {
 
 impl ClockView<'_> {
     fn subscribe_at(&mut self, at: u64) -> wasmtime::Result<Resource<DynPollable>> {
+        let yield_due = self.clock.monotonic_ns() >= at;
         let deadline = self.table.push(Deadline {
             clock: self.clock.clone(),
             at,
+            yield_due,
         })?;
         subscribe(self.table, deadline)
     }

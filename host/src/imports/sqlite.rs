@@ -7,7 +7,11 @@
 //! Dropping a connection closes it, which rolls back a transaction left open.
 //!
 //! Calls run synchronously on the calling task: SQLite work here is short, and a plugin
-//! waiting on a lock is bounded by the busy timeout.
+//! waiting on a lock is bounded by the busy timeout. Waiting on a lock is the exception: the
+//! busy handler hands the runtime worker to other tasks before it sleeps
+//! (`block_in_place`), because the lock holder may be another guest that yielded between
+//! its `BEGIN IMMEDIATE` and its `COMMIT`; with every worker asleep in a busy handler it
+//! could never run to release the lock, and every waiter would fail after the timeout.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -119,17 +123,41 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
         .map_err(|e| Error::Io(format!("cannot create the plugin's directory: {e}")))?;
     let path = dir.join(format!("{name}.sqlite3"));
     private_file(&path).map_err(|e| Error::Io(format!("cannot create database `{name}`: {e}")))?;
-    let conn = rusqlite::Connection::open_with_flags(
+    let mut conn = rusqlite::Connection::open_with_flags(
         &path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(map_error)?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(map_error)?;
+    conn.busy_handler(Some(wait_for_lock)).map_err(map_error)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(map_error)?;
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(map_error)?;
     Ok(conn)
+}
+
+/// SQLite's busy handler: sleep a little (the schedule of SQLite's own busy timeout) and
+/// try again, for at most [`BUSY_TIMEOUT`] in all. On a multi-threaded tokio runtime the
+/// sleep happens in `block_in_place`, so the worker's other tasks (the lock holder among
+/// them) keep running meanwhile. Only contended calls get here.
+fn wait_for_lock(attempt: i32) -> bool {
+    const DELAYS_MS: [u64; 12] = [1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100];
+    let n = usize::try_from(attempt).unwrap_or(0);
+    let waited: u64 = DELAYS_MS.iter().take(n).sum::<u64>()
+        + n.saturating_sub(DELAYS_MS.len()) as u64 * 100;
+    let delay = DELAYS_MS.get(n).copied().unwrap_or(100);
+    let limit = BUSY_TIMEOUT.as_millis() as u64;
+    if waited >= limit {
+        return false;
+    }
+    let sleep = || std::thread::sleep(Duration::from_millis(delay.min(limit - waited)));
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(sleep)
+        }
+        _ => sleep(),
+    }
+    true
 }
 
 /// rusqlite's error as the WIT variant.

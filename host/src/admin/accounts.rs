@@ -1,0 +1,337 @@
+//! `/_pooler/accounts…`: the pool's accounts, through its `accounts` export.
+//!
+//! | method and path                      | body                                        | answer |
+//! |--------------------------------------|---------------------------------------------|--------|
+//! | `GET /accounts[?provider=P]`         |                                             | `{"accounts": [account…]}` |
+//! | `POST /accounts`                     | `{provider, credential, label?, priority?}` | 201 `{"account": …}` |
+//! | `POST /accounts/import`              | `{provider, contents, label?, priority?}`   | 201 `{"account": …}` |
+//! | `POST /accounts/reorder`             | `{provider, ids: [id…]}`                    | `{"accounts": [account…]}` |
+//! | `DELETE /accounts/{id}`              |                                             | `{"removed": id}` |
+//! | `POST /accounts/{id}/enable`         |                                             | `{"account": …}` |
+//! | `POST /accounts/{id}/disable`        |                                             | `{"account": …}` |
+//! | `POST /accounts/{id}/refresh`        |                                             | `{"account": …}` |
+//! | `PUT /accounts/{id}/priority`        | `{priority}`                                | `{"account": …}` |
+//!
+//! `credential` is `{"api_key": "…"}` (Claude) or `{"oauth": {"access_token", "refresh_token",
+//! "expires_at"?, "chatgpt_account_id"?}}` (`expires_at` in epoch ms; the account id is
+//! required for Codex). `contents` is the text of a Claude Code `.credentials.json` or a
+//! Codex CLI `auth.json`. No answer ever holds a secret: an account shows a `secret_hint`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Admin, AdminRequest, ApiError, Fields, ProviderName, Reply};
+use crate::bindings::pool::exports::pooler::plugins::accounts::{
+    AccountInfo, AccountStatus, AccountsError, Credential, CredentialKind, NewAccount,
+    OauthCredential, UsageWindow,
+};
+
+/// An account as the admin API shows it. Contains no secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountView {
+    pub id: String,
+    pub provider: ProviderName,
+    /// `api-key` or `oauth`.
+    pub kind: String,
+    pub label: String,
+    pub priority: i32,
+    pub enabled: bool,
+    /// `disabled`, `error`, `held`, `exhausted`, `near-limit` or `ready`.
+    pub status: String,
+    /// `…abcd` for an API key, `oauth` for OAuth.
+    pub secret_hint: String,
+    pub created_at: u64,
+    pub last_used_at: Option<u64>,
+    pub error: Option<String>,
+    pub held_until: Option<u64>,
+    pub needs_sign_in: bool,
+    pub token_expires_at: Option<u64>,
+    pub windows: Vec<WindowView>,
+    /// When a blocked account serves again, when known.
+    pub blocking_reset: Option<u64>,
+}
+
+/// One observed quota window of an account.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowView {
+    pub name: String,
+    pub family: Option<String>,
+    /// 0..=1.
+    pub utilization: Option<f64>,
+    pub resets_at: Option<u64>,
+    pub status: Option<String>,
+    pub blocking: bool,
+    pub observed_at: u64,
+}
+
+impl From<AccountInfo> for AccountView {
+    fn from(a: AccountInfo) -> Self {
+        AccountView {
+            id: a.id,
+            provider: a.provider.into(),
+            kind: match a.kind {
+                CredentialKind::ApiKey => "api-key",
+                CredentialKind::Oauth => "oauth",
+            }
+            .to_owned(),
+            label: a.label,
+            priority: a.priority,
+            enabled: a.enabled,
+            status: match a.status {
+                AccountStatus::Disabled => "disabled",
+                AccountStatus::Error => "error",
+                AccountStatus::Held => "held",
+                AccountStatus::Exhausted => "exhausted",
+                AccountStatus::NearLimit => "near-limit",
+                AccountStatus::Ready => "ready",
+            }
+            .to_owned(),
+            secret_hint: a.secret_hint,
+            created_at: a.created_at,
+            last_used_at: a.last_used_at,
+            error: a.error,
+            held_until: a.held_until,
+            needs_sign_in: a.needs_sign_in,
+            token_expires_at: a.token_expires_at,
+            windows: a.windows.into_iter().map(WindowView::from).collect(),
+            blocking_reset: a.blocking_reset,
+        }
+    }
+}
+
+impl From<UsageWindow> for WindowView {
+    fn from(w: UsageWindow) -> Self {
+        WindowView {
+            name: w.name,
+            family: w.family,
+            utilization: w.utilization,
+            resets_at: w.resets_at,
+            status: w.status,
+            blocking: w.blocking,
+            observed_at: w.observed_at,
+        }
+    }
+}
+
+/// What the pool's `accounts-error` means for a person, with its HTTP status.
+fn refused(e: AccountsError) -> ApiError {
+    match e {
+        AccountsError::NoSuchAccount(id) => ApiError::not_found(
+            "no-such-account",
+            format!("no account has the id `{id}` (`pooler account list` shows them)"),
+        ),
+        AccountsError::ApiKeyNotSupported(p) => ApiError::bad_request(
+            "api-key-not-supported",
+            format!(
+                "API keys are only for Claude; a {} account needs OAuth credentials (import its login file)",
+                ProviderName::from(p)
+            ),
+        ),
+        AccountsError::InvalidCredential(why) => {
+            ApiError::bad_request("invalid-credential", format!("invalid credential: {why}"))
+        }
+        AccountsError::InvalidLoginFile(why) => ApiError::bad_request(
+            "invalid-login-file",
+            format!("the login file was not understood: {why}"),
+        ),
+        AccountsError::InvalidLabel(why) => {
+            ApiError::bad_request("invalid-label", format!("invalid label: {why}"))
+        }
+        AccountsError::InvalidOrder(why) => ApiError::bad_request(
+            "invalid-order",
+            format!("cannot reorder: {why}"),
+        ),
+        AccountsError::RefreshRefused(why) => ApiError::new(
+            hyper::StatusCode::BAD_GATEWAY,
+            "refresh-refused",
+            format!("the token endpoint refused the refresh ({why}): sign in again and re-import the login"),
+        ),
+        AccountsError::UpstreamUnreachable(why) => ApiError::unavailable(
+            "upstream-unreachable",
+            format!("the provider's endpoint could not be reached ({why}); try again"),
+        ),
+        AccountsError::Storage(why) => ApiError::unavailable(
+            "storage",
+            format!("the pool's database failed ({why}); try again"),
+        ),
+    }
+}
+
+pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    match (req.method(), req.rest().as_slice()) {
+        ("GET", []) => list(admin, req).await,
+        ("POST", []) => add(admin, req).await,
+        ("POST", ["import"]) => import(admin, req).await,
+        ("POST", ["reorder"]) => reorder(admin, req).await,
+        ("DELETE", [id]) => remove(admin, id).await,
+        ("POST", [id, action @ ("enable" | "disable" | "refresh")]) => {
+            act(admin, id, action).await
+        }
+        ("PUT", [id, "priority"]) => priority(admin, req, id).await,
+        _ => Err(ApiError::no_endpoint(req)),
+    }
+}
+
+fn one(account: AccountInfo) -> serde_json::Value {
+    serde_json::json!({ "account": AccountView::from(account) })
+}
+
+fn many(accounts: Vec<AccountInfo>) -> serde_json::Value {
+    let accounts: Vec<AccountView> = accounts.into_iter().map(AccountView::from).collect();
+    serde_json::json!({ "accounts": accounts })
+}
+
+async fn list(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    let provider = req.query("provider").map(super::path_provider).transpose()?;
+    let accounts = admin
+        .pool("accounts.list-accounts", move |store, pool| {
+            Box::pin(pool.pooler_plugins_accounts().call_list_accounts(store, provider))
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::ok(many(accounts))
+}
+
+/// The `credential` object of an add request.
+fn credential(fields: &mut Fields) -> Result<Credential, ApiError> {
+    let Some(mut credential) = fields.object("credential")? else {
+        return Err(ApiError::bad_request(
+            "missing-field",
+            "`credential` is required: `{\"api_key\": …}` or `{\"oauth\": {…}}`",
+        ));
+    };
+    let api_key = credential.opt_str("api_key")?;
+    let oauth = credential.object("oauth")?;
+    credential.finish()?;
+    match (api_key, oauth) {
+        (Some(key), None) => Ok(Credential::ApiKey(key)),
+        (None, Some(mut o)) => {
+            let oauth = OauthCredential {
+                access_token: o.str("access_token")?,
+                refresh_token: o.str("refresh_token")?,
+                expires_at: o.opt_u64("expires_at")?,
+                chatgpt_account_id: o.opt_str("chatgpt_account_id")?,
+            };
+            o.finish()?;
+            Ok(Credential::Oauth(oauth))
+        }
+        _ => Err(ApiError::bad_request(
+            "invalid-credential",
+            "`credential` must hold exactly one of `api_key` and `oauth`",
+        )),
+    }
+}
+
+async fn add(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    let mut fields = req.fields()?;
+    let account = NewAccount {
+        provider: fields.provider("provider")?,
+        credential: credential(&mut fields)?,
+        label: fields.opt_str("label")?,
+        priority: fields.opt_i32("priority")?,
+    };
+    fields.finish()?;
+    let added = admin
+        .pool("accounts.add", move |store, pool| {
+            Box::pin(async move { pool.pooler_plugins_accounts().call_add(store, &account).await })
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::created(one(added))
+}
+
+async fn import(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    let mut fields = req.fields()?;
+    let provider = fields.provider("provider")?;
+    let contents = fields.str("contents")?;
+    let label = fields.opt_str("label")?;
+    let priority = fields.opt_i32("priority")?;
+    fields.finish()?;
+    let added = admin
+        .pool("accounts.import-login", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_accounts()
+                    .call_import_login(store, provider, &contents, label.as_deref(), priority)
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::created(one(added))
+}
+
+async fn reorder(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    let mut fields = req.fields()?;
+    let provider = fields.provider("provider")?;
+    let ids = fields.strings("ids")?;
+    fields.finish()?;
+    let accounts = admin
+        .pool("accounts.reorder", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_accounts()
+                    .call_reorder(store, provider, &ids)
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::ok(many(accounts))
+}
+
+async fn remove(admin: &Admin, id: &str) -> Result<Reply, ApiError> {
+    let id = id.to_owned();
+    let target = id.clone();
+    admin
+        .pool("accounts.remove", move |store, pool| {
+            Box::pin(async move { pool.pooler_plugins_accounts().call_remove(store, &target).await })
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::ok(serde_json::json!({ "removed": id }))
+}
+
+async fn act(admin: &Admin, id: &str, action: &str) -> Result<Reply, ApiError> {
+    let id = id.to_owned();
+    let account = match action {
+        "enable" => {
+            admin
+                .pool("accounts.enable", move |store, pool| {
+                    Box::pin(async move { pool.pooler_plugins_accounts().call_enable(store, &id).await })
+                })
+                .await?
+        }
+        "disable" => {
+            admin
+                .pool("accounts.disable", move |store, pool| {
+                    Box::pin(async move { pool.pooler_plugins_accounts().call_disable(store, &id).await })
+                })
+                .await?
+        }
+        _ => {
+            admin
+                .pool("accounts.refresh", move |store, pool| {
+                    Box::pin(async move { pool.pooler_plugins_accounts().call_refresh(store, &id).await })
+                })
+                .await?
+        }
+    }
+    .map_err(refused)?;
+    Reply::ok(one(account))
+}
+
+async fn priority(admin: &Admin, req: &AdminRequest, id: &str) -> Result<Reply, ApiError> {
+    let mut fields = req.fields()?;
+    let priority = fields.i32("priority")?;
+    fields.finish()?;
+    let id = id.to_owned();
+    let account = admin
+        .pool("accounts.set-priority", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_accounts()
+                    .call_set_priority(store, &id, priority)
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::ok(one(account))
+}

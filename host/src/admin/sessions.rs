@@ -1,0 +1,88 @@
+//! `/_pooler/sessions…`: where a conversation (session) is pinned and why, via the pool's
+//! `routing.explain-session`.
+//!
+//! | method and path                       | answer |
+//! |---------------------------------------|--------|
+//! | `GET /sessions/{provider}/{session}`  | `{"session": {provider, key, account, thread, last_used_at, expires_at, why, recent: [attempt…]}}` |
+//!
+//! `session` is a raw session id or a stored key (`session:<id>`, `cache:<key>`),
+//! percent-encoded. A session with no pin is not an error: `account` is null and `why` says so.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Admin, AdminRequest, ApiError, ProviderName, Reply};
+use crate::bindings::pool::exports::pooler::plugins::routing::{AttemptRecord, SessionExplanation};
+
+/// Where a session is pinned and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub provider: ProviderName,
+    /// The session key as the pool stores it.
+    pub key: String,
+    /// The pinned account, when a fresh pin exists.
+    pub account: Option<String>,
+    /// The thread whose route made the pin, when known.
+    pub thread: Option<String>,
+    pub last_used_at: Option<u64>,
+    pub expires_at: Option<u64>,
+    pub why: String,
+    /// The latest attempts, newest last.
+    pub recent: Vec<AttemptView>,
+}
+
+/// One upstream attempt of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub at: u64,
+    pub account: String,
+    /// The upstream status; null for a transport failure.
+    pub status: Option<u16>,
+    pub outcome: String,
+}
+
+impl From<SessionExplanation> for SessionView {
+    fn from(s: SessionExplanation) -> Self {
+        SessionView {
+            provider: s.provider.into(),
+            key: s.key,
+            account: s.account,
+            thread: s.thread,
+            last_used_at: s.last_used_at,
+            expires_at: s.expires_at,
+            why: s.why,
+            recent: s.recent.into_iter().map(AttemptView::from).collect(),
+        }
+    }
+}
+
+impl From<AttemptRecord> for AttemptView {
+    fn from(a: AttemptRecord) -> Self {
+        AttemptView {
+            at: a.at,
+            account: a.account,
+            status: a.status,
+            outcome: a.outcome,
+        }
+    }
+}
+
+pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    match (req.method(), req.rest().as_slice()) {
+        ("GET", [provider, session]) => {
+            let provider = super::path_provider(provider)?;
+            let target = session.to_string();
+            let explained = admin
+                .pool("routing.explain-session", move |store, pool| {
+                    Box::pin(async move {
+                        pool.pooler_plugins_routing()
+                            .call_explain_session(store, provider, &target)
+                            .await
+                    })
+                })
+                .await?
+                .map_err(|e| super::routes::refused(e, "", provider))?;
+            Reply::ok(serde_json::json!({ "session": SessionView::from(explained) }))
+        }
+        _ => Err(ApiError::no_endpoint(req)),
+    }
+}

@@ -1,0 +1,241 @@
+//! `/_pooler/settings…`: both plugins' settings through their `settings` exports, under one
+//! key space. A key is shown with its role's prefix (`pool.switch-threshold`,
+//! `retry.maximum-wait`); the prefix is stripped before the plugin is called.
+//!
+//! | method and path          | body        | answer |
+//! |--------------------------|-------------|--------|
+//! | `GET /settings`          |             | `{"settings": [setting…]}` (every loaded plugin's, by key) |
+//! | `GET /settings/{key}`    |             | `{"setting": …}` |
+//! | `PUT /settings/{key}`    | `{value}`   | `{"setting": …}` as stored |
+//!
+//! A setting is `{key, value, default, description}`; values are strings in the key's format
+//! (durations `250ms`/`20s`/`5m`, fractions `0.98`, booleans `on`/`off`, URLs).
+
+use serde::{Deserialize, Serialize};
+
+use super::{Admin, AdminRequest, ApiError, Reply};
+use crate::bindings::pool::exports::pooler::plugins::settings as pool_settings;
+use crate::bindings::retry::exports::pooler::plugins::settings as retry_settings;
+use crate::roles::Role;
+
+/// The key prefix of each role's settings.
+const PREFIXES: [(&str, Role); 2] = [("pool.", Role::AccountPool), ("retry.", Role::ProviderRetry)];
+
+fn prefix(role: Role) -> &'static str {
+    PREFIXES
+        .iter()
+        .find(|(_, r)| *r == role)
+        .map_or("", |(p, _)| p)
+}
+
+/// One setting as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingView {
+    /// With its role prefix (`pool.switch-threshold`).
+    pub key: String,
+    pub value: String,
+    pub default: String,
+    pub description: String,
+}
+
+/// A plugin's `settings-error`, whichever world it came from.
+enum Refusal {
+    UnknownKey(String),
+    InvalidValue {
+        key: String,
+        value: String,
+        accepted: String,
+    },
+    Storage(String),
+}
+
+/// The two worlds' bindings have distinct (identical) types: convert both the same way.
+macro_rules! convert_from {
+    ($module:ident, $view:ident) => {
+        impl From<$module::SettingsError> for Refusal {
+            fn from(e: $module::SettingsError) -> Self {
+                match e {
+                    $module::SettingsError::UnknownKey(key) => Refusal::UnknownKey(key),
+                    $module::SettingsError::InvalidValue(v) => Refusal::InvalidValue {
+                        key: v.key,
+                        value: v.value,
+                        accepted: v.accepted,
+                    },
+                    $module::SettingsError::Storage(why) => Refusal::Storage(why),
+                }
+            }
+        }
+
+        impl SettingView {
+            fn $view(s: $module::Setting, prefix: &str) -> SettingView {
+                SettingView {
+                    key: format!("{prefix}{}", s.key),
+                    value: s.value,
+                    default: s.default_value,
+                    description: s.description,
+                }
+            }
+        }
+    };
+}
+convert_from!(pool_settings, from_pool);
+convert_from!(retry_settings, from_retry);
+
+fn refused(role: Role, e: Refusal) -> ApiError {
+    let prefix = prefix(role);
+    match e {
+        Refusal::UnknownKey(key) => ApiError::not_found(
+            "unknown-setting",
+            format!("no setting `{prefix}{key}` (`pooler config get` lists them)"),
+        ),
+        Refusal::InvalidValue {
+            key,
+            value,
+            accepted,
+        } => ApiError::bad_request(
+            "invalid-value",
+            format!("`{prefix}{key}` cannot be `{value}`: accepted values are {accepted}"),
+        ),
+        Refusal::Storage(why) => ApiError::unavailable(
+            "storage",
+            format!("the {role} plugin's database failed ({why}); try again"),
+        ),
+    }
+}
+
+/// The role a prefixed key belongs to, and the key without its prefix.
+fn split_key(key: &str) -> Result<(Role, String), ApiError> {
+    PREFIXES
+        .iter()
+        .find_map(|(prefix, role)| key.strip_prefix(prefix).map(|rest| (*role, rest.to_owned())))
+        .filter(|(_, rest)| !rest.is_empty())
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "unknown-setting",
+                format!(
+                    "no setting `{key}`: keys start with `pool.` (Account Pooler) or `retry.` (Provider Retry); `pooler config get` lists them"
+                ),
+            )
+        })
+}
+
+pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    match (req.method(), req.rest().as_slice()) {
+        ("GET", []) => list(admin).await,
+        ("GET", [key]) => {
+            let (role, key) = split_key(key)?;
+            let setting = get(admin, role, key).await?;
+            Reply::ok(serde_json::json!({ "setting": setting }))
+        }
+        ("PUT", [key]) => {
+            let (role, key) = split_key(key)?;
+            let mut fields = req.fields()?;
+            let value = fields.str("value")?;
+            fields.finish()?;
+            let setting = set(admin, role, key, value).await?;
+            Reply::ok(serde_json::json!({ "setting": setting }))
+        }
+        _ => Err(ApiError::no_endpoint(req)),
+    }
+}
+
+async fn list(admin: &Admin) -> Result<Reply, ApiError> {
+    let mut all = Vec::new();
+    if admin.host().has_role(Role::AccountPool) {
+        let settings = admin
+            .pool("settings.list-settings", |store, pool| {
+                Box::pin(pool.pooler_plugins_settings().call_list_settings(store))
+            })
+            .await?
+            .map_err(|e| refused(Role::AccountPool, e.into()))?;
+        all.extend(
+            settings
+                .into_iter()
+                .map(|s| SettingView::from_pool(s, prefix(Role::AccountPool))),
+        );
+    }
+    if admin.host().has_role(Role::ProviderRetry) {
+        let settings = admin
+            .retry("settings.list-settings", |store, retry| {
+                Box::pin(retry.pooler_plugins_settings().call_list_settings(store))
+            })
+            .await?
+            .map_err(|e| refused(Role::ProviderRetry, e.into()))?;
+        all.extend(
+            settings
+                .into_iter()
+                .map(|s| SettingView::from_retry(s, prefix(Role::ProviderRetry))),
+        );
+    }
+    all.sort_by(|a, b| a.key.cmp(&b.key));
+    Reply::ok(serde_json::json!({ "settings": all }))
+}
+
+async fn get(admin: &Admin, role: Role, key: String) -> Result<SettingView, ApiError> {
+    match role {
+        Role::AccountPool => admin
+            .pool("settings.get-setting", move |store, pool| {
+                Box::pin(async move { pool.pooler_plugins_settings().call_get_setting(store, &key).await })
+            })
+            .await?
+            .map(|s| SettingView::from_pool(s, prefix(role)))
+            .map_err(|e| refused(role, e.into())),
+        Role::ProviderRetry => admin
+            .retry("settings.get-setting", move |store, retry| {
+                Box::pin(async move { retry.pooler_plugins_settings().call_get_setting(store, &key).await })
+            })
+            .await?
+            .map(|s| SettingView::from_retry(s, prefix(role)))
+            .map_err(|e| refused(role, e.into())),
+    }
+}
+
+async fn set(admin: &Admin, role: Role, key: String, value: String) -> Result<SettingView, ApiError> {
+    match role {
+        Role::AccountPool => admin
+            .pool("settings.set-setting", move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_settings()
+                        .call_set_setting(store, &key, &value)
+                        .await
+                })
+            })
+            .await?
+            .map(|s| SettingView::from_pool(s, prefix(role)))
+            .map_err(|e| refused(role, e.into())),
+        Role::ProviderRetry => admin
+            .retry("settings.set-setting", move |store, retry| {
+                Box::pin(async move {
+                    retry
+                        .pooler_plugins_settings()
+                        .call_set_setting(store, &key, &value)
+                        .await
+                })
+            })
+            .await?
+            .map(|s| SettingView::from_retry(s, prefix(role)))
+            .map_err(|e| refused(role, e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_split_by_role_prefix() {
+        assert_eq!(
+            split_key("pool.switch-threshold").unwrap(),
+            (Role::AccountPool, "switch-threshold".to_owned())
+        );
+        assert_eq!(
+            split_key("retry.maximum-wait").unwrap(),
+            (Role::ProviderRetry, "maximum-wait".to_owned())
+        );
+        for bad in ["switch-threshold", "pool.", "pooler.x", ""] {
+            let e = split_key(bad).unwrap_err();
+            assert_eq!(e.code, "unknown-setting");
+            assert!(e.message.contains(&format!("`{bad}`")), "{}", e.message);
+        }
+    }
+}

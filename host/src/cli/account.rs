@@ -1,0 +1,444 @@
+//! `pooler account …`: the pool's accounts (admin API `/_pooler/accounts…`). Secrets go in
+//! (from stdin, the environment, or a file) and never come out: lists show a hint (`…abcd`).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{ArgGroup, Subcommand};
+use serde_json::{Map, Value, json};
+
+use super::UsageError;
+use super::client::{ClientArgs, field};
+use super::format::{now_ms, relative, table, when};
+use crate::admin::{AccountView, ProviderName, percent_encode};
+
+/// Manage the pool's accounts: add, import, list, enable, disable, remove, refresh, order.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+    pooler account add --provider claude --api-key -          # paste the key, then Ctrl-D\n  \
+    POOLER_API_KEY=sk-ant-... pooler account add --provider claude --label work\n  \
+    pooler account import --provider codex                    # ~/.codex/auth.json\n  \
+    pooler account list --provider claude\n  \
+    pooler account disable 01J9Z...\n  \
+    pooler account reorder --provider claude B-ID A-ID C-ID")]
+pub struct Args {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(subcommand)]
+    command: AccountCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AccountCommand {
+    /// Add an account with an API key (Claude) or OAuth credentials (a JSON file).
+    Add(AddArgs),
+    /// Add an account from a Claude Code or Codex CLI login file.
+    Import(ImportArgs),
+    /// List accounts in selection order: status, utilization, resets, holds, errors.
+    List {
+        /// Only this provider's accounts.
+        #[arg(long)]
+        provider: Option<ProviderName>,
+    },
+    /// Enable an account (also clears its error and hold).
+    Enable { id: String },
+    /// Disable an account; requests in flight finish.
+    Disable { id: String },
+    /// Remove an account and its secret.
+    Remove { id: String },
+    /// Refresh an account's usage now (and, for an OAuth account in error, its token).
+    Refresh { id: String },
+    /// Set an account's priority (lower is tried first; negative allowed).
+    Priority {
+        id: String,
+        #[arg(allow_negative_numbers = true)]
+        priority: i32,
+    },
+    /// Put a provider's accounts in this order (every account, disabled ones included, once).
+    Reorder {
+        #[arg(long)]
+        provider: ProviderName,
+        /// Every account id of the provider, first-choice first.
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+    },
+}
+
+/// A secret from the command line; `Debug` never shows it.
+#[derive(Clone)]
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+fn secret(text: &str) -> Result<Secret, String> {
+    Ok(Secret(text.to_owned()))
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    group(ArgGroup::new("credential").required(true).args(["api_key", "oauth_file"])),
+    after_help = "A key given as `--api-key KEY` stays in your shell history and is visible to \
+                  other local users in the process list: prefer `--api-key -` (reads standard \
+                  input) or the POOLER_API_KEY environment variable.\n\n\
+                  The OAuth file is JSON: {\"access_token\": \"…\", \"refresh_token\": \"…\", \
+                  \"expires_at\": <epoch ms, optional>, \"chatgpt_account_id\": \"… (Codex)\"}. \
+                  For a Claude Code or Codex CLI login, use `pooler account import`."
+)]
+struct AddArgs {
+    /// The provider: claude or codex.
+    #[arg(long)]
+    provider: ProviderName,
+    /// An Anthropic API key (Claude only); `-` reads it from standard input.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "POOLER_API_KEY",
+        hide_env_values = true,
+        value_parser = secret
+    )]
+    api_key: Option<Secret>,
+    /// A JSON file with OAuth credentials (see below).
+    #[arg(long, value_name = "FILE")]
+    oauth_file: Option<PathBuf>,
+    /// A label for people (default: "Claude API key", "Claude account", "Codex account").
+    #[arg(long)]
+    label: Option<String>,
+    /// Lower is tried first; ties keep the order added (default 0).
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i32>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Default files: Claude Code `$CLAUDE_CONFIG_DIR/.credentials.json`, else \
+    `~/.claude/.credentials.json`; Codex CLI `$CODEX_HOME/auth.json`, else `~/.codex/auth.json`. \
+    On macOS Claude Code keeps its login in the Keychain: save it to a file and pass --from.")]
+struct ImportArgs {
+    /// The provider whose login file it is: claude or codex.
+    #[arg(long)]
+    provider: ProviderName,
+    /// The login file (default: the provider's CLI login file, see below).
+    #[arg(long, value_name = "FILE")]
+    from: Option<PathBuf>,
+    /// A label for people.
+    #[arg(long)]
+    label: Option<String>,
+    /// Lower is tried first (default 0).
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i32>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let out = &args.client;
+    match args.command {
+        AccountCommand::Add(add) => {
+            let body = add_body(add)?;
+            let answer = out.connect()?.post("accounts", &body).await?;
+            out.print(&answer, || {
+                let account: AccountView = field(&answer, "account")?;
+                println!("added {}", summary(&account));
+                Ok(())
+            })
+        }
+        AccountCommand::Import(import) => {
+            let path = match import.from {
+                Some(path) => path,
+                None => default_login_file(import.provider)?,
+            };
+            let contents = std::fs::read_to_string(&path).with_context(|| {
+                format!("cannot read the login file {} (pass --from FILE)", path.display())
+            })?;
+            let body = json!({
+                "provider": import.provider,
+                "contents": contents,
+                "label": import.label,
+                "priority": import.priority,
+            });
+            let answer = out.connect()?.post("accounts/import", &body).await?;
+            out.print(&answer, || {
+                let account: AccountView = field(&answer, "account")?;
+                println!("imported {} from {}", summary(&account), path.display());
+                Ok(())
+            })
+        }
+        AccountCommand::List { provider } => {
+            let path = match provider {
+                Some(p) => format!("accounts?provider={p}"),
+                None => "accounts".to_owned(),
+            };
+            let answer = out.connect()?.get(&path).await?;
+            out.print(&answer, || {
+                let accounts: Vec<AccountView> = field(&answer, "accounts")?;
+                print_list(&accounts);
+                Ok(())
+            })
+        }
+        AccountCommand::Enable { id } => act(out, &id, "enable", "enabled").await,
+        AccountCommand::Disable { id } => act(out, &id, "disable", "disabled").await,
+        AccountCommand::Refresh { id } => {
+            let answer = out
+                .connect()?
+                .post(&format!("accounts/{}/refresh", percent_encode(&id)), &json!({}))
+                .await?;
+            out.print(&answer, || {
+                let account: AccountView = field(&answer, "account")?;
+                println!("refreshed {}", summary(&account));
+                print!("{}", details(&account, now_ms()));
+                Ok(())
+            })
+        }
+        AccountCommand::Remove { id } => {
+            let answer = out
+                .connect()?
+                .delete(&format!("accounts/{}", percent_encode(&id)))
+                .await?;
+            out.print(&answer, || {
+                println!("removed account {id}");
+                Ok(())
+            })
+        }
+        AccountCommand::Priority { id, priority } => {
+            let answer = out
+                .connect()?
+                .put(
+                    &format!("accounts/{}/priority", percent_encode(&id)),
+                    &json!({ "priority": priority }),
+                )
+                .await?;
+            out.print(&answer, || {
+                let account: AccountView = field(&answer, "account")?;
+                println!("set priority {priority}: {}", summary(&account));
+                Ok(())
+            })
+        }
+        AccountCommand::Reorder { provider, ids } => {
+            let answer = out
+                .connect()?
+                .post("accounts/reorder", &json!({ "provider": provider, "ids": ids }))
+                .await?;
+            out.print(&answer, || {
+                let accounts: Vec<AccountView> = field(&answer, "accounts")?;
+                print_list(&accounts);
+                Ok(())
+            })
+        }
+    }
+}
+
+async fn act(out: &ClientArgs, id: &str, action: &str, done: &str) -> anyhow::Result<()> {
+    let answer = out
+        .connect()?
+        .post(&format!("accounts/{}/{action}", percent_encode(id)), &json!({}))
+        .await?;
+    out.print(&answer, || {
+        let account: AccountView = field(&answer, "account")?;
+        println!("{done} {}", summary(&account));
+        Ok(())
+    })
+}
+
+/// The body of `POST /accounts`, with the secret read from where the flags say.
+fn add_body(add: AddArgs) -> anyhow::Result<Value> {
+    let credential = match (add.api_key, add.oauth_file) {
+        (Some(Secret(key)), None) => {
+            let key = if key == "-" {
+                let mut text = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .context("cannot read the API key from standard input")?;
+                text
+            } else {
+                key
+            };
+            let key = key.trim();
+            if key.is_empty() {
+                return Err(UsageError("the API key is empty".to_owned()).into());
+            }
+            json!({ "api_key": key })
+        }
+        (None, Some(path)) => json!({ "oauth": oauth_file(&path)? }),
+        // clap's group makes exactly one of them present.
+        _ => {
+            return Err(UsageError(
+                "give exactly one of --api-key and --oauth-file".to_owned(),
+            )
+            .into());
+        }
+    };
+    Ok(json!({
+        "provider": add.provider,
+        "credential": credential,
+        "label": add.label,
+        "priority": add.priority,
+    }))
+}
+
+/// Read an OAuth credentials file into the API's `oauth` object (camelCase names accepted).
+fn oauth_file(path: &Path) -> anyhow::Result<Map<String, Value>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the OAuth file {}", path.display()))?;
+    // A syntax error names a position, never the text.
+    let value: Value = serde_json::from_str(&text).map_err(|e| {
+        UsageError(format!("the OAuth file {} is not JSON: {e}", path.display()))
+    })?;
+    let Value::Object(object) = value else {
+        return Err(UsageError(format!(
+            "the OAuth file {} must hold a JSON object",
+            path.display()
+        ))
+        .into());
+    };
+    if object.contains_key("claudeAiOauth") || object.contains_key("tokens") {
+        return Err(UsageError(format!(
+            "{} is a Claude Code or Codex CLI login file: use `pooler account import --from {}`",
+            path.display(),
+            path.display()
+        ))
+        .into());
+    }
+    let mut oauth = Map::new();
+    for (name, value) in object {
+        let name = match name.as_str() {
+            "accessToken" => "access_token",
+            "refreshToken" => "refresh_token",
+            "expiresAt" => "expires_at",
+            "chatgptAccountId" | "account_id" | "accountId" => "chatgpt_account_id",
+            other => other,
+        };
+        oauth.insert(name.to_owned(), value);
+    }
+    Ok(oauth)
+}
+
+/// Where the provider's own CLI keeps its login.
+fn default_login_file(provider: ProviderName) -> anyhow::Result<PathBuf> {
+    let from_env = |var: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let home = || {
+        super::home_dir().context("no home directory to find the login file in: pass --from FILE")
+    };
+    Ok(match provider {
+        ProviderName::Claude => match from_env("CLAUDE_CONFIG_DIR") {
+            Some(dir) => dir.join(".credentials.json"),
+            None => home()?.join(".claude").join(".credentials.json"),
+        },
+        ProviderName::Codex => match from_env("CODEX_HOME") {
+            Some(dir) => dir.join("auth.json"),
+            None => home()?.join(".codex").join("auth.json"),
+        },
+    })
+}
+
+/// `claude account 01J… "work" (…abcd), ready`.
+fn summary(a: &AccountView) -> String {
+    format!(
+        "{} account {} \"{}\" ({}), {}",
+        a.provider, a.id, a.label, a.secret_hint, a.status
+    )
+}
+
+/// The most used window: `87% 5h`.
+fn utilization(a: &AccountView) -> Option<String> {
+    a.windows
+        .iter()
+        .filter_map(|w| w.utilization.map(|u| (u, w)))
+        .max_by(|x, y| x.0.total_cmp(&y.0))
+        .map(|(u, w)| format!("{:.0}% {}", u * 100.0, w.name))
+}
+
+/// When the account serves again if blocked, else its next known window reset.
+fn next_reset(a: &AccountView, now: u64) -> Option<u64> {
+    a.blocking_reset.or_else(|| {
+        a.windows
+            .iter()
+            .filter_map(|w| w.resets_at)
+            .filter(|&t| t > now)
+            .min()
+    })
+}
+
+fn print_list(accounts: &[AccountView]) {
+    if accounts.is_empty() {
+        println!("no accounts (add one with `pooler account add` or `pooler account import`)");
+        return;
+    }
+    let now = now_ms();
+    let dash = || "-".to_owned();
+    let rows: Vec<Vec<String>> = accounts
+        .iter()
+        .map(|a| {
+            vec![
+                a.id.clone(),
+                a.provider.to_string(),
+                a.priority.to_string(),
+                a.label.clone(),
+                a.status.clone(),
+                utilization(a).unwrap_or_else(dash),
+                next_reset(a, now).map_or_else(dash, |t| relative(t, now)),
+                a.held_until.map_or_else(dash, |t| format!("until {}", relative(t, now))),
+                if a.needs_sign_in { "sign-in".to_owned() } else { dash() },
+                a.secret_hint.clone(),
+                a.error.clone().unwrap_or_else(dash),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        table(
+            &[
+                "ID", "PROVIDER", "PRIO", "LABEL", "STATUS", "USED", "RESETS", "HOLD", "FLAG",
+                "SECRET", "ERROR",
+            ],
+            &rows,
+        )
+    );
+}
+
+/// Every known fact of one account, one per line.
+fn details(a: &AccountView, now: u64) -> String {
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("  {k:<14}{v}\n"));
+    line("kind", a.kind.clone());
+    line("priority", a.priority.to_string());
+    if let Some(t) = a.last_used_at {
+        line("last used", when(t, now));
+    }
+    if let Some(t) = a.held_until {
+        line("held until", when(t, now));
+    }
+    if let Some(t) = a.blocking_reset {
+        line("serves again", when(t, now));
+    }
+    if let Some(t) = a.token_expires_at {
+        line("token expires", when(t, now));
+    }
+    if a.needs_sign_in {
+        line("sign in", "needed soon: the token refresh was refused".to_owned());
+    }
+    if let Some(e) = &a.error {
+        line("error", e.clone());
+    }
+    for w in &a.windows {
+        let mut text = w
+            .utilization
+            .map_or_else(|| "?".to_owned(), |u| format!("{:.0}%", u * 100.0));
+        if let Some(f) = &w.family {
+            text.push_str(&format!(" ({f})"));
+        }
+        if let Some(t) = w.resets_at {
+            text.push_str(&format!(", resets {}", when(t, now)));
+        }
+        if w.blocking {
+            text.push_str(", blocking");
+        }
+        line(&format!("window {}", w.name), text);
+    }
+    out
+}

@@ -1,0 +1,248 @@
+//! How a command finds and talks to the running server: `DATA_DIR/server.json` (written by
+//! `pooler serve`) says where it listens, `DATA_DIR/admin-token` is the bearer token, and
+//! every call is one JSON request to the admin API ([`crate::admin`]). A refused request
+//! becomes an [`ApiFailure`] whose message is the server's.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::server::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
+
+/// The file in the data directory that says where the server listens.
+pub const SERVER_FILE: &str = "server.json";
+
+/// How long one admin call may take (a refresh reaches the provider).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `--data-dir` and `--json`, shared by every command that talks to the server.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// Data directory of the server to talk to (default: $POOLER_DATA_DIR, else the
+    /// platform's data directory).
+    #[arg(long, value_name = "DIR", global = true, display_order = 100)]
+    pub data_dir: Option<PathBuf>,
+    /// Print the admin API's JSON answer instead of text.
+    #[arg(long, global = true, display_order = 101)]
+    pub json: bool,
+}
+
+impl ClientArgs {
+    /// Connect to the server serving the data directory.
+    pub fn connect(&self) -> anyhow::Result<Client> {
+        Client::connect(&super::data_dir(self.data_dir.clone())?)
+    }
+
+    /// Print `value` as JSON when `--json` was given, else run `text`.
+    pub fn print(
+        &self,
+        value: &Value,
+        text: impl FnOnce() -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(value)?);
+            Ok(())
+        } else {
+            text()
+        }
+    }
+}
+
+/// `DATA_DIR/server.json`: where a running server listens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerFile {
+    /// The base URL of the listener (`http://127.0.0.1:8787`).
+    pub url: String,
+    /// The server's process id.
+    pub pid: u32,
+}
+
+impl ServerFile {
+    /// This process, listening at `addr` (loopback when bound to every address).
+    pub fn new(addr: SocketAddr) -> ServerFile {
+        let mut addr = addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        ServerFile {
+            url: format!("http://{addr}"),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Write the file, readable by the owner only.
+    pub fn write(&self, data_dir: &Path) -> anyhow::Result<()> {
+        let path = data_dir.join(SERVER_FILE);
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options
+            .open(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
+        let text = serde_json::to_string_pretty(self)?;
+        std::io::Write::write_all(&mut file, text.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// Read the file; `None` when there is none (or it is not ours to understand).
+    pub fn read(data_dir: &Path) -> Option<ServerFile> {
+        let text = std::fs::read_to_string(data_dir.join(SERVER_FILE)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Remove the file if it still describes this server.
+    pub fn remove_if_ours(&self, data_dir: &Path) {
+        if Self::read(data_dir).as_ref() == Some(self) {
+            let _ = std::fs::remove_file(data_dir.join(SERVER_FILE));
+        }
+    }
+}
+
+/// The admin API refused a request (or failed): its status, code and message.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiFailure {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+}
+
+/// A connection to the admin API of the server serving one data directory.
+pub struct Client {
+    http: HttpClient<HttpConnector, Full<Bytes>>,
+    url: String,
+    token: String,
+    data_dir: PathBuf,
+}
+
+impl Client {
+    /// Find the server serving `data_dir` (its `server.json` and admin token).
+    pub fn connect(data_dir: &Path) -> anyhow::Result<Client> {
+        let not_serving = || {
+            anyhow::anyhow!(
+                "no pooler is serving {} (start it with `pooler serve`)",
+                data_dir.display()
+            )
+        };
+        let server = ServerFile::read(data_dir).ok_or_else(not_serving)?;
+        let token = std::fs::read_to_string(data_dir.join(ADMIN_TOKEN_FILE))
+            .map_err(|_| not_serving())?
+            .trim()
+            .to_owned();
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        connector.set_nodelay(true);
+        Ok(Client {
+            http: HttpClient::builder(TokioExecutor::new()).build(connector),
+            url: server.url.trim_end_matches('/').to_owned(),
+            token,
+            data_dir: data_dir.to_owned(),
+        })
+    }
+
+    /// The server's base URL (what routes point agents at).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.call(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    /// One call: `path` is relative to `/_pooler/` (segments already percent-encoded, see
+    /// [`crate::admin::percent_encode`]). A refusal is an [`ApiFailure`].
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let uri = format!("{}{ADMIN_PREFIX}{path}", self.url);
+        let body = body.map(Value::to_string).unwrap_or_default();
+        let request = Request::builder()
+            .method(method)
+            .uri(&uri)
+            .header(AUTHORIZATION, format!("Bearer {}", self.token))
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .context("cannot build the admin request")?;
+        let exchange = async {
+            let response = self.http.request(request).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "no pooler is serving {} (start it with `pooler serve`): {} does not answer ({e})",
+                    self.data_dir.display(),
+                    self.url
+                )
+            })?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .context("the server's answer was cut off")?
+                .to_bytes();
+            Ok::<_, anyhow::Error>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(CALL_TIMEOUT, exchange)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "the server did not answer within {}s",
+                    CALL_TIMEOUT.as_secs()
+                )
+            })??;
+        let value: Value = serde_json::from_slice(&bytes).with_context(|| {
+            format!("the server answered {status} with something that is not JSON")
+        })?;
+        if status.is_success() {
+            return Ok(value);
+        }
+        let error = &value["error"];
+        Err(ApiFailure {
+            status,
+            code: error["code"].as_str().unwrap_or("unknown").to_owned(),
+            message: error["message"]
+                .as_str()
+                .map_or_else(|| format!("the server answered {status}"), str::to_owned),
+        }
+        .into())
+    }
+}
+
+/// Decode the field `name` of an answer into `T`.
+pub fn field<T: serde::de::DeserializeOwned>(answer: &Value, name: &str) -> anyhow::Result<T> {
+    serde_json::from_value(answer[name].clone())
+        .with_context(|| format!("the server's answer has no valid `{name}`"))
+}

@@ -1,0 +1,169 @@
+//! The `pooler` command line: `serve` runs the host (`cli/serve.rs`); every other command group
+//! talks to a running server through its admin API ([`client`]), one module per group.
+//!
+//! Exit codes: 0 success; 1 failure (refused by the server, no server, I/O); 2 usage (bad
+//! flags or arguments, and local input that cannot be used: an empty key, an OAuth file that
+//! is not a JSON object).
+//!
+//! # Adding a command group
+//!
+//! Write `cli/<group>.rs` with a `pub struct Args` (`#[derive(clap::Args)]`; its doc comment
+//! is the group's help; flatten [`client::ClientArgs`] for `--data-dir` and `--json`) and
+//! `pub async fn run(args: Args) -> anyhow::Result<()>`, then add one line
+//! `<Variant> => <group>,` to the `groups!` list below.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+pub mod client;
+mod format;
+mod serve;
+
+pub use serve::ServeArgs;
+
+/// Pooler keeps AI coding-agent threads working across a pool of provider accounts and
+/// through provider outages.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pooler",
+    version,
+    propagate_version = true,
+    after_help = "Start the server with `pooler serve`; the other commands talk to it through \
+                  the admin API (they find it from the data directory).\n\n\
+                  Examples:\n  \
+                  pooler serve\n  \
+                  pooler account add --provider claude --api-key -   # reads the key from stdin\n  \
+                  pooler account list\n  \
+                  eval \"$(pooler route open --thread my-thread --provider claude --export)\""
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Declares the command groups that talk to a running server: their modules, their
+/// [`Command`] variants and the dispatch to each module's `run`.
+macro_rules! groups {
+    ($($variant:ident => $module:ident,)*) => {
+        $(pub mod $module;)*
+
+        #[derive(Debug, Subcommand)]
+        pub enum Command {
+            /// Run the host: load the plugins and serve the pool's HTTP endpoint.
+            Serve(ServeArgs),
+            $($variant($module::Args),)*
+        }
+
+        impl Command {
+            async fn run(self) -> anyhow::Result<()> {
+                match self {
+                    Command::Serve(args) => serve::serve(args).await,
+                    $(Command::$variant(args) => $module::run(args).await,)*
+                }
+            }
+        }
+    };
+}
+
+// One line per group: `pooler <variant in kebab-case> …` → `cli/<module>.rs`.
+groups! {
+    Account => account,
+    Config => config,
+    Route => route,
+    Session => session,
+    Thread => thread,
+    Retry => retry,
+}
+
+/// Local input that cannot be used (an unreadable file, an empty key): exit 2, like clap's
+/// usage errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Parse the command line and run it.
+pub fn main() -> ExitCode {
+    // Usage errors exit 2, --help and --version 0 (clap's convention).
+    let cli = Cli::parse();
+    // `serve` logs at info; a client command only says what went wrong.
+    let default_filter = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli.command.run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// The data directory: the flag, else `$POOLER_DATA_DIR`, else the platform's.
+pub fn data_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = flag {
+        return Ok(dir);
+    }
+    if let Some(dir) = std::env::var_os("POOLER_DATA_DIR").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    platform_data_dir()
+        .map(|dir| dir.join("pooler"))
+        .context("no data directory: pass --data-dir or set POOLER_DATA_DIR")
+}
+
+fn platform_data_dir() -> Option<PathBuf> {
+    let home = home_dir();
+    if cfg!(target_os = "macos") {
+        return home.map(|h| h.join("Library").join("Application Support"));
+    }
+    if cfg!(windows) {
+        return std::env::var_os("APPDATA").map(PathBuf::from);
+    }
+    // XDG base directories.
+    std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| home.map(|h| h.join(".local").join("share")))
+}
+
+/// The user's home directory (`$HOME`, or `%USERPROFILE%` on Windows).
+pub(crate) fn home_dir() -> Option<PathBuf> {
+    let var = if cfg!(windows) { "USERPROFILE" } else { "HOME" };
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

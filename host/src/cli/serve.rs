@@ -1,0 +1,116 @@
+//! `pooler serve`: load the plugins, serve the pool's HTTP endpoint and the admin API, run
+//! the maintenance tick, and stop cleanly on SIGINT/SIGTERM. While it serves, the data
+//! directory holds `server.json` (where it listens, its pid; 0600), which the other commands
+//! read to find it; a clean exit removes it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::client::ServerFile;
+use crate::config::Config;
+use crate::core_link::{CoreLink, CoreOptions};
+use crate::runtime::{Host, HostOptions};
+use crate::server::{ADMIN_TOKEN_FILE, Server};
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+    pooler serve\n  \
+    pooler serve --listen 127.0.0.1:9000 --config ~/.config/pooler/pooler.toml\n  \
+    POOLER_DATA_DIR=/tmp/pooler pooler serve --listen 127.0.0.1:0   # any free port")]
+pub struct ServeArgs {
+    /// Configuration file (TOML). Without it the defaults apply.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (overrides `server.listen`; default 127.0.0.1:8787).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Data directory (default: $POOLER_DATA_DIR, else the platform's data directory).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    let data_dir = super::data_dir(args.data_dir)?;
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let listen = config.server.listen;
+    let interval = Duration::from_secs(config.maintenance.interval_s);
+    let clock: pooler_core::clock::SharedClock = Arc::new(pooler_core::clock::SystemClock::new());
+    // The core first: its recovery runs before any plugin call, and its `threads` service
+    // answers the plugins' import.
+    let core = CoreLink::open(
+        &data_dir,
+        clock.clone(),
+        CoreOptions::from_config(&config.core),
+    )?;
+    let host = Host::new(HostOptions {
+        config,
+        data_dir: data_dir.clone(),
+        clock,
+        threads: core.threads_service(),
+        cache_dir: Some(data_dir.join("cache")),
+    })?;
+    core.attach(&host)?;
+    let server = Server::bind(host.clone(), listen).await?;
+    let addr = server.local_addr()?;
+    let server_file = ServerFile::new(addr);
+    server_file.write(&data_dir)?;
+    println!("pooler listening on http://{addr}");
+    println!("data directory: {}", data_dir.display());
+    println!("admin token: {}", data_dir.join(ADMIN_TOKEN_FILE).display());
+    for role in crate::roles::Role::ALL {
+        match host.plugin_source(role) {
+            Some(source) => println!("plugin {role}: {source}"),
+            None => println!("plugin {role}: none"),
+        }
+    }
+    let maintenance = tokio::spawn(host.clone().run_maintenance(interval));
+    let result = server.run(shutdown_signal()).await;
+    maintenance.abort();
+    // Let a due pass finish the row it is gating; running turns are recorded as
+    // interrupted at the next start.
+    if let Some(core) = host.core() {
+        core.shutdown().await;
+    }
+    // Only our own file: another server may have started on this data directory since.
+    server_file.remove_if_ours(&data_dir);
+    result?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+}

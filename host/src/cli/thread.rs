@@ -1,0 +1,276 @@
+//! `pooler thread …`: the core's threads (admin API `/_pooler/threads…`). A thread is one
+//! agent conversation whose turns the host sends through the pool; `show` lists its turns
+//! with their attempt numbers and outcomes and its queued retry rows with their send times.
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::client::ClientArgs;
+use super::format::{iso, now_ms, table, when};
+use crate::admin::{ProviderName, percent_encode};
+
+/// Create threads, send them messages, and see their turns and queued retries.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+    T=$(pooler thread new --provider claude \"Summarise README.md\")\n  \
+    pooler thread send \"$T\" \"Now the CHANGELOG\"\n  \
+    pooler thread show \"$T\"\n  \
+    pooler thread list --json\n  \
+    pooler thread archive \"$T\"")]
+pub struct Args {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(subcommand)]
+    command: ThreadCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ThreadCommand {
+    /// Create a thread (with a route through the pool), send TEXT as its first turn, and
+    /// print the thread id.
+    New {
+        /// The provider: claude or codex.
+        #[arg(long, default_value = "claude")]
+        provider: ProviderName,
+        /// The model its turns ask for (default: the driver's default for the provider).
+        #[arg(long)]
+        model: Option<String>,
+        /// The first message.
+        text: String,
+    },
+    /// Queue a message; it runs as a turn when the thread is free. Prints the request id.
+    Send { thread: String, text: String },
+    /// A thread's status, its turns (attempts, outcomes) and its queued retry rows.
+    Show { thread: String },
+    /// Every thread, oldest first.
+    List,
+    /// Archive a thread: no further turn, its queued rows removed, its route closed.
+    Archive { thread: String },
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let out = &args.client;
+    let client = out.connect()?;
+    match args.command {
+        ThreadCommand::New {
+            provider,
+            model,
+            text,
+        } => {
+            let answer = client
+                .post(
+                    "threads",
+                    &json!({ "provider": provider, "model": model, "text": text }),
+                )
+                .await?;
+            out.print(&answer, || {
+                println!("{}", str_of(&answer["thread"]["id"]));
+                Ok(())
+            })
+        }
+        ThreadCommand::Send { thread, text } => {
+            let answer = client
+                .post(
+                    &format!("threads/{}/messages", percent_encode(&thread)),
+                    &json!({ "text": text }),
+                )
+                .await?;
+            out.print(&answer, || {
+                println!("{}", str_of(&answer["request"]));
+                Ok(())
+            })
+        }
+        ThreadCommand::Show { thread } => {
+            let answer = client
+                .get(&format!("threads/{}", percent_encode(&thread)))
+                .await?;
+            out.print(&answer, || {
+                print!("{}", show_text(&answer, now_ms()));
+                Ok(())
+            })
+        }
+        ThreadCommand::List => {
+            let answer = client.get("threads").await?;
+            out.print(&answer, || {
+                let threads = answer["threads"].as_array().cloned().unwrap_or_default();
+                if threads.is_empty() {
+                    println!("no threads (create one with `pooler thread new TEXT`)");
+                } else {
+                    println!("{}", list_text(&threads));
+                }
+                Ok(())
+            })
+        }
+        ThreadCommand::Archive { thread } => {
+            let answer = client
+                .post(
+                    &format!("threads/{}/archive", percent_encode(&thread)),
+                    &json!({}),
+                )
+                .await?;
+            out.print(&answer, || {
+                println!("archived thread {thread}");
+                Ok(())
+            })
+        }
+    }
+}
+
+fn str_of(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// `error`, `error, archived, opted out`.
+fn status_of(thread: &Value) -> String {
+    let mut status = str_of(&thread["status"]);
+    if thread["archived"] == true {
+        status.push_str(", archived");
+    }
+    if thread["retry_opt_out"] == true {
+        status.push_str(", opted out of retries");
+    }
+    status
+}
+
+fn list_text(threads: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = threads
+        .iter()
+        .map(|t| {
+            vec![
+                str_of(&t["id"]),
+                str_of(&t["provider"]),
+                str_of(&t["model"]),
+                status_of(t),
+                t["created_at"].as_u64().map(iso).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(&["THREAD", "PROVIDER", "MODEL", "STATUS", "CREATED"], &rows)
+}
+
+/// A turn's outcome in a few words: `ok`, `running`, `queued`,
+/// `failed: rate-limit 429 (provider), retry after …`.
+fn outcome_of(turn: &Value, now: u64) -> String {
+    match turn["outcome"].as_str() {
+        Some("ok") => "ok".into(),
+        Some(_) => {
+            let f = &turn["failure"];
+            let mut text = format!("failed: {}", str_of(&f["category"]));
+            if let Some(status) = f["http_status"].as_u64() {
+                text.push_str(&format!(" {status}"));
+            }
+            if let Some(origin) = f["origin"].as_str() {
+                text.push_str(&format!(" ({origin})"));
+            }
+            if let Some(at) = f["retry_after"].as_u64() {
+                text.push_str(&format!(", retry after {}", when(at, now)));
+            }
+            text
+        }
+        None if turn["started_at"].is_u64() => "running".into(),
+        None => "queued".into(),
+    }
+}
+
+fn show_text(answer: &Value, now: u64) -> String {
+    let thread = &answer["thread"];
+    let mut out = format!(
+        "thread   {}\nprovider {}\nmodel    {}\nstatus   {}\n",
+        str_of(&thread["id"]),
+        str_of(&thread["provider"]),
+        str_of(&thread["model"]),
+        status_of(thread),
+    );
+    let turns = answer["turns"].as_array().cloned().unwrap_or_default();
+    out.push_str("\nturns:\n");
+    if turns.is_empty() {
+        out.push_str("  none\n");
+    } else {
+        let rows: Vec<Vec<String>> = turns
+            .iter()
+            .map(|t| {
+                vec![
+                    str_of(&t["id"]),
+                    str_of(&t["attempt"]),
+                    str_of(&t["trigger"]),
+                    t["started_at"].as_u64().map(iso).unwrap_or_default(),
+                    outcome_of(t, now),
+                ]
+            })
+            .collect();
+        for line in table(&["REQUEST", "ATTEMPT", "BY", "STARTED", "OUTCOME"], &rows).lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    let queued = answer["rows"].as_array().cloned().unwrap_or_default();
+    out.push_str("\nqueued retries:\n");
+    if queued.is_empty() {
+        out.push_str("  none\n");
+    } else {
+        let rows: Vec<Vec<String>> = queued
+            .iter()
+            .map(|r| {
+                let mut send_at = r["send_at"]
+                    .as_u64()
+                    .map(|t| when(t, now))
+                    .unwrap_or_default();
+                if r["waiting_for_slot"] == true {
+                    send_at.push_str(", waiting for a slot");
+                }
+                vec![
+                    str_of(&r["id"]),
+                    str_of(&r["attempt"]),
+                    send_at,
+                    str_of(&r["reason"]),
+                ]
+            })
+            .collect();
+        for line in table(&["ROW", "ATTEMPT", "SEND AT", "REASON"], &rows).lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_lists_attempts_outcomes_and_queued_rows() {
+        let answer = json!({
+            "thread": {"id": "th_1", "provider": "claude", "model": null, "status": "error",
+                       "archived": false, "retry_opt_out": false},
+            "turns": [
+                {"id": "rq_1", "attempt": 1, "trigger": "user", "started_at": 0,
+                 "outcome": "failed",
+                 "failure": {"category": "rate-limit", "http_status": 429, "origin": "provider",
+                             "retry_after": 120_000}},
+                {"id": "rq_2", "attempt": 2, "trigger": "retry", "started_at": 60_000,
+                 "outcome": null},
+            ],
+            "rows": [{"id": 7, "attempt": 3, "send_at": 180_000, "reason": "rate limited",
+                      "waiting_for_slot": true}],
+        });
+        let text = show_text(&answer, 60_000);
+        assert!(text.contains("status   error\n"), "{text}");
+        assert!(
+            text.contains(
+                "failed: rate-limit 429 (provider), retry after 1970-01-01T00:02:00Z (in 1m)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("rq_2     2        retry"), "{text}");
+        assert!(text.contains("running"), "{text}");
+        assert!(
+            text.contains(
+                "7    3        1970-01-01T00:03:00Z (in 2m), waiting for a slot  rate limited"
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,701 @@
+//! The pool's command line as a user meets it: a real `pooler serve` process with the
+//! embedded plugins, driven by the `pooler account|config|route|session` commands, with a
+//! fake Anthropic upstream on 127.0.0.1. Also: refused input (exit codes, messages, nothing
+//! changed), the admin API refusing a wrong token, and each command group's help.
+
+#![cfg(unix)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const KEY_A: &str = "sk-ant-api03-first-secret-AAAA";
+const KEY_B: &str = "sk-ant-api03-second-secret-BBBB";
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A `pooler serve` on a free loopback port with its own data directory.
+struct Served {
+    child: Child,
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    url: String,
+}
+
+impl Served {
+    fn start() -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("pooler.toml");
+        // The upstream is a loopback fake; the maintenance tick stays out of the way.
+        std::fs::write(
+            &config,
+            "[plugins.account-pool]\nallowed-hosts = [\"127.0.0.1\"]\n",
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            .env_remove("POOLER_DATA_DIR")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let url = first
+            .strip_prefix("pooler listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_string();
+        // Keep reading so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Served {
+            child,
+            _dir: dir,
+            data,
+            url,
+        }
+    }
+
+    /// Run `pooler ARGS` against this server (its data directory from the environment).
+    fn pooler(&self, args: &[&str]) -> Output {
+        self.pooler_with(args, &[], None)
+    }
+
+    fn pooler_with(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pooler"));
+        command
+            .args(args)
+            .env("POOLER_DATA_DIR", &self.data)
+            .env_remove("POOLER_API_KEY")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    /// `pooler ARGS` must succeed; its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.pooler(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "pooler {args:?}\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// `pooler ARGS --json` must succeed; its JSON.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        serde_json::from_str(&self.ok(&args)).unwrap()
+    }
+
+    /// `pooler ARGS` must fail with `code`; its stderr.
+    fn fails(&self, args: &[&str], code: i32) -> String {
+        let out = self.pooler(args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "pooler {args:?}\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stderr)
+    }
+
+    fn addr(&self) -> &str {
+        self.url.strip_prefix("http://").unwrap()
+    }
+
+    fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.data.join("admin-token")).unwrap()
+    }
+
+    /// SIGTERM, and the exit code.
+    fn stop(mut self) -> Option<i32> {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "pooler did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One request as the fake upstream saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    path: String,
+    headers: HashMap<String, String>,
+}
+
+/// A fake Anthropic API on 127.0.0.1: answers every request 200 with a small message and
+/// records what it saw.
+struct Upstream {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let record = record.clone();
+                std::thread::spawn(move || serve_one(stream, &record));
+            }
+        });
+        Upstream { url, seen }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve_one(stream: TcpStream, record: &Mutex<Vec<Seen>>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+    let mut headers = HashMap::new();
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).unwrap();
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+        }
+    }
+    let length: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    record.lock().unwrap().push(Seen { path, headers });
+    let answer = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
+    let mut stream = stream;
+    write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+        answer.len()
+    )
+    .unwrap();
+}
+
+/// One HTTP/1.1 request over a plain socket; the status and the body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// `KEY=VALUE` lines (comments skipped) as a map.
+fn env_lines(output: &str) -> HashMap<String, String> {
+    output
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not KEY=VALUE: {l}"));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+fn ids(accounts: &Value) -> Vec<String> {
+    accounts["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn messages_request(session: &str) -> String {
+    serde_json::json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello"}],
+        "metadata": {"user_id": format!("user_0123_account__session_{session}")},
+    })
+    .to_string()
+}
+
+#[test]
+fn a_user_adds_two_accounts_opens_a_route_and_the_pool_serves_with_the_first() {
+    let upstream = Upstream::start();
+    let served = Served::start();
+
+    // The pool's settings are there under their role prefix; point Claude at the fake.
+    let settings = served.json(&["config", "get"]);
+    let keys: Vec<&str> = settings["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key"].as_str().unwrap())
+        .collect();
+    assert!(keys.contains(&"pool.claude-upstream-url"), "{keys:?}");
+    assert!(keys.iter().any(|k| k.starts_with("retry.")), "{keys:?}");
+    let set = served.ok(&["config", "set", "pool.claude-upstream-url", &upstream.url]);
+    assert_eq!(
+        set.trim(),
+        format!("pool.claude-upstream-url = {}", upstream.url)
+    );
+
+    // Two API keys: one from standard input, one from the environment.
+    let first = served.pooler_with(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--api-key",
+            "-",
+            "--label",
+            "first",
+        ],
+        &[],
+        Some(&format!("{KEY_A}\n")),
+    );
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert!(
+        text(&first.stdout).contains("…AAAA"),
+        "{}",
+        text(&first.stdout)
+    );
+    let second = served.pooler_with(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--label",
+            "second",
+        ],
+        &[("POOLER_API_KEY", KEY_B)],
+        None,
+    );
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+
+    // A route: the printed environment points at this server and carries a token.
+    let opened = served.ok(&[
+        "route",
+        "open",
+        "--thread",
+        "thread-1",
+        "--provider",
+        "claude",
+    ]);
+    let env = env_lines(&opened);
+    assert_eq!(env["ANTHROPIC_BASE_URL"], served.url);
+    let token = env["ANTHROPIC_AUTH_TOKEN"].clone();
+    assert_eq!(token.len(), 43, "{opened}");
+
+    // The agent's request, with that token, is served upstream with the first account's key.
+    let auth = format!("Bearer {token}");
+    let (status, body) = http(
+        served.addr(),
+        "POST",
+        "/v1/messages",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+        ],
+        &messages_request("s-1"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("msg_1"), "{body}");
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].path, "/v1/messages");
+    assert_eq!(
+        seen[0].headers.get("x-api-key").map(String::as_str),
+        Some(KEY_A)
+    );
+
+    // The list, as JSON and as text, shows both accounts and no secret.
+    let listed = served.pooler(&["account", "list", "--json"]);
+    assert_eq!(listed.status.code(), Some(0));
+    let json: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let accounts = json["accounts"].as_array().unwrap();
+    assert_eq!(accounts.len(), 2);
+    assert_eq!(accounts[0]["label"], "first");
+    assert_eq!(accounts[0]["secret_hint"], "…AAAA");
+    assert_eq!(accounts[1]["label"], "second");
+    let table = served.ok(&["account", "list"]);
+    assert!(
+        table.contains("first") && table.contains("second"),
+        "{table}"
+    );
+    for out in [text(&listed.stdout), table, text(&listed.stderr)] {
+        for secret in [KEY_A, KEY_B, token.as_str()] {
+            assert!(!out.contains(secret), "a secret was printed: {out}");
+        }
+    }
+
+    // The session is pinned to the first account, through thread-1.
+    let first_id = accounts[0]["id"].as_str().unwrap();
+    let explained = served.json(&["session", "explain", "--provider", "claude", "s-1"]);
+    assert_eq!(explained["session"]["account"], first_id, "{explained}");
+    assert_eq!(explained["session"]["thread"], "thread-1", "{explained}");
+    let words = served.ok(&["session", "explain", "--provider", "claude", "s-1"]);
+    assert!(
+        words.contains(first_id) && words.contains("served"),
+        "{words}"
+    );
+
+    // Closing the route stops its token at once.
+    served.ok(&[
+        "route",
+        "close",
+        "--thread",
+        "thread-1",
+        "--provider",
+        "claude",
+    ]);
+    let (status, _) = http(
+        served.addr(),
+        "POST",
+        "/v1/messages",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        &messages_request("s-1"),
+    );
+    assert_eq!(status, 401);
+    assert_eq!(upstream.seen().len(), 1);
+
+    // A clean stop removes server.json; the commands then say how to start a server.
+    let data = served.data.clone();
+    assert!(data.join("server.json").exists());
+    assert_eq!(served.stop(), Some(0));
+    assert!(!data.join("server.json").exists());
+}
+
+#[test]
+fn refused_input_says_what_is_wrong_and_changes_nothing() {
+    let served = Served::start();
+
+    // Usage: no credential is exit 2, before anything reaches the server.
+    let err = served.fails(&["account", "add", "--provider", "claude"], 2);
+    assert!(
+        err.contains("--api-key") && err.contains("--oauth-file"),
+        "{err}"
+    );
+    let err = served.fails(
+        &["account", "add", "--provider", "gemini", "--api-key", "x"],
+        2,
+    );
+    assert!(err.contains("gemini"), "{err}");
+    let err = served.fails(
+        &["account", "add", "--provider", "claude", "--api-key", "-"],
+        2,
+    );
+    assert!(err.contains("empty"), "{err}");
+
+    served.pooler_with(
+        &["account", "add", "--provider", "claude", "--api-key", "-"],
+        &[],
+        Some(KEY_A),
+    );
+    served.pooler_with(
+        &["account", "add", "--provider", "claude", "--api-key", "-"],
+        &[],
+        Some(KEY_B),
+    );
+    let before = served.json(&["account", "list"]);
+    let order = ids(&before);
+    assert_eq!(order.len(), 2);
+
+    // A reorder that leaves one out is refused, naming it; the order stays.
+    let err = served.fails(
+        &["account", "reorder", "--provider", "claude", &order[1]],
+        1,
+    );
+    assert!(err.contains(&order[0]), "{err}");
+    assert_eq!(ids(&served.json(&["account", "list"])), order);
+
+    // Settings: an unknown key is named; an invalid value names the key and the range.
+    let err = served.fails(&["config", "set", "pool.no-such-setting", "1"], 1);
+    assert!(err.contains("pool.no-such-setting"), "{err}");
+    let err = served.fails(&["config", "get", "switch-threshold"], 1);
+    assert!(
+        err.contains("`switch-threshold`") && err.contains("pool."),
+        "{err}"
+    );
+    let err = served.fails(&["config", "set", "pool.switch-threshold", "1.5"], 1);
+    assert!(
+        err.contains("pool.switch-threshold") && err.contains("1.5"),
+        "{err}"
+    );
+    let kept = served.json(&["config", "get", "pool.switch-threshold"]);
+    assert_eq!(kept["setting"]["value"], "0.98");
+
+    // Ids and providers the pool does not know.
+    let err = served.fails(&["account", "disable", "no-such-id"], 1);
+    assert!(err.contains("no-such-id"), "{err}");
+    let err = served.fails(
+        &["account", "add", "--provider", "codex", "--api-key", "sk-x"],
+        1,
+    );
+    assert!(err.contains("only for Claude"), "{err}");
+    let err = served.fails(
+        &[
+            "route",
+            "close",
+            "--thread",
+            "never-opened",
+            "--provider",
+            "claude",
+        ],
+        1,
+    );
+    assert!(err.contains("never-opened"), "{err}");
+    assert_eq!(served.json(&["account", "list"]), before);
+
+    // A login file the pool cannot understand is refused; the provider's own file (found
+    // through CLAUDE_CONFIG_DIR, as Claude Code does) is imported, its tokens never shown.
+    let logins = tempfile::tempdir().unwrap();
+    let bad = logins.path().join("bad.json");
+    std::fs::write(&bad, "not json").unwrap();
+    let err = served.fails(
+        &[
+            "account",
+            "import",
+            "--provider",
+            "claude",
+            "--from",
+            bad.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert!(err.contains("login file"), "{err}");
+    assert_eq!(served.json(&["account", "list"]), before);
+    std::fs::write(
+        logins.path().join(".credentials.json"),
+        r#"{"claudeAiOauth":{"accessToken":"at-secret-CCCC","refreshToken":"rt-secret-DDDD","expiresAt":4102444800000}}"#,
+    )
+    .unwrap();
+    let imported = served.pooler_with(
+        &[
+            "account",
+            "import",
+            "--provider",
+            "claude",
+            "--label",
+            "laptop",
+        ],
+        &[("CLAUDE_CONFIG_DIR", logins.path().to_str().unwrap())],
+        None,
+    );
+    assert_eq!(
+        imported.status.code(),
+        Some(0),
+        "{}",
+        text(&imported.stderr)
+    );
+    let said = text(&imported.stdout);
+    assert!(
+        said.contains("laptop") && said.contains(".credentials.json"),
+        "{said}"
+    );
+    let listed = served.ok(&["account", "list", "--json"]);
+    assert!(
+        !listed.contains("secret-CCCC") && !listed.contains("secret-DDDD"),
+        "{listed}"
+    );
+    assert_eq!(ids(&serde_json::from_str(&listed).unwrap()).len(), 3);
+
+    // The admin API itself refuses a missing or wrong token.
+    for auth in [None, Some("Bearer wrong"), Some("Bearer ")] {
+        let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+        let (status, body) = http(served.addr(), "GET", "/_pooler/accounts", &headers, "");
+        assert_eq!(status, 401, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["error"]["code"], "unauthorized");
+    }
+    let auth = format!("Bearer {}", served.admin_token());
+    let (status, _) = http(
+        served.addr(),
+        "GET",
+        "/_pooler/accounts",
+        &[("Authorization", &auth)],
+        "",
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn commands_without_a_server_say_how_to_start_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["account", "list"],
+        vec!["config", "get"],
+        vec!["route", "open", "--thread", "t", "--provider", "claude"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pooler"))
+            .args(&args)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("no pooler is serving {}", dir.path().display()))
+                && err.contains("pooler serve"),
+            "{err}"
+        );
+    }
+    // A stale server.json (nothing listens there) says the same.
+    std::fs::write(
+        dir.path().join("server.json"),
+        r#"{"url":"http://127.0.0.1:9","pid":1}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("admin-token"), "x").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pooler"))
+        .args(["account", "list", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no pooler is serving"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+fn help(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pooler"));
+    command.args(args).arg("--help");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{args:?}");
+    text(&out.stdout)
+}
+
+#[test]
+fn every_command_group_explains_itself_with_examples() {
+    let top = help(&[], &[]);
+    for group in ["serve", "account", "config", "route", "session"] {
+        assert!(top.contains(group), "{top}");
+    }
+    for (group, commands) in [
+        (
+            "account",
+            &[
+                "add", "import", "list", "enable", "disable", "remove", "refresh", "priority",
+                "reorder",
+            ][..],
+        ),
+        ("config", &["get", "set"][..]),
+        ("route", &["open", "close"][..]),
+        ("session", &["explain"][..]),
+    ] {
+        let text = help(&[group], &[]);
+        assert!(text.contains("Examples:"), "{group}: {text}");
+        assert!(
+            text.contains("--data-dir") && text.contains("--json"),
+            "{group}: {text}"
+        );
+        for command in commands {
+            assert!(text.contains(command), "{group} lacks {command}: {text}");
+            help(&[group, command], &[]);
+        }
+    }
+    // The key's help says how to keep it out of shell history, and never shows its value.
+    let add = help(&["account", "add"], &[("POOLER_API_KEY", KEY_A)]);
+    assert!(
+        add.contains("POOLER_API_KEY") && add.contains("standard input"),
+        "{add}"
+    );
+    assert!(!add.contains(KEY_A), "{add}");
+    let import = help(&["account", "import"], &[]);
+    assert!(
+        import.contains(".claude/.credentials.json") && import.contains(".codex/auth.json"),
+        "{import}"
+    );
+}

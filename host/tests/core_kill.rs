@@ -1,0 +1,239 @@
+//! Exactly-once dispatch across a crash: a real `pooler serve` process is killed (SIGKILL)
+//! after the due loop claimed a retry row and while its `before-dispatch` gate runs, then
+//! started again on the same data directory. The row must be gated again and dispatched
+//! once: one turn request for attempt 2, never two, never none.
+//!
+//! The process runs on the real clock, so this test polls the databases (with a limit)
+//! instead of moving a manual clock.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pooler_core::clock::{Clock, SystemClock};
+use pooler_core::{
+    Core, Failure, FailureCategory, FailureOrigin, Provider, Route, TurnOutcome, TurnResult,
+};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Poll `check` until it returns `Some`, at most [`LIMIT`].
+fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(started.elapsed() < LIMIT, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A `pooler serve` child process.
+struct Served(Child);
+
+impl Served {
+    fn start(config: &Path, data: &Path) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .arg("--data-dir")
+            .arg(data)
+            .env_remove("POOLER_DATA_DIR")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pooler serve");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("a first line").expect("stdout");
+        assert!(first.starts_with("pooler listening on "), "{first}");
+        // Keep reading so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Served(child)
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    fn kill(mut self) {
+        self.0.kill().expect("kill pooler");
+        self.0.wait().expect("reap pooler");
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn read_only(path: &Path) -> Connection {
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn
+}
+
+fn fixture_dir(data: &Path) -> PathBuf {
+    data.join("plugins").join("provider-retry")
+}
+
+/// A key of the fixture retry plugin's table (its own database file).
+fn fixture_key(data: &Path, key: &str) -> Option<String> {
+    let path = fixture_dir(data).join("fixture.sqlite3");
+    if !path.exists() {
+        return None;
+    }
+    read_only(&path)
+        .query_row("SELECT value FROM kv WHERE key = ?1", [key], |r| r.get(0))
+        .optional()
+        .ok()
+        .flatten()
+}
+
+/// (wait state of the thread's row, if any; the thread's turn requests as (attempt,
+/// outcome)).
+fn core_state(data: &Path, thread: &str) -> (Option<String>, Vec<(u32, Option<String>)>) {
+    let conn = read_only(&data.join(pooler_core::db::FILE_NAME));
+    let row = conn
+        .query_row(
+            "SELECT wait_state FROM queued_rows WHERE thread_id = ?1",
+            [thread],
+            |r| r.get(0),
+        )
+        .optional()
+        .unwrap();
+    let mut stmt = conn
+        .prepare("SELECT attempt, outcome FROM turn_requests WHERE thread_id = ?1 ORDER BY rowid")
+        .unwrap();
+    let turns = stmt
+        .query_map([thread], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    (row, turns)
+}
+
+#[test]
+fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+
+    // A thread whose first turn failed, with a retry row due now — as a previous run of
+    // the host would have left it. Its route token is one the pool never issued, so the
+    // retry, sent through the host's listener, is refused by the pool itself.
+    let clock = Arc::new(SystemClock::new());
+    let (thread, failed) = {
+        let core = Core::open(&data, clock.clone()).unwrap();
+        let route = Route {
+            base_url: "http://127.0.0.1:9".into(),
+            token: "not-a-token-the-pool-issued".into(),
+        };
+        let thread = core
+            .new_thread(Provider::Claude, None, Some(route))
+            .unwrap();
+        let failed = core.send(&thread, "hello").unwrap();
+        let plans = core.start_turns().unwrap();
+        assert_eq!(plans.len(), 1);
+        let outcome = TurnOutcome {
+            result: TurnResult::Failed {
+                failure: Failure {
+                    category: FailureCategory::Internal,
+                    provider_code: None,
+                    http_status: Some(500),
+                    origin: FailureOrigin::Provider,
+                    retry_after: None,
+                    message: None,
+                },
+                partial_reply: String::new(),
+            },
+            input_accepted: false,
+            rate_limits: None,
+        };
+        core.record_outcome(&failed, &outcome).unwrap();
+        core.schedule_retry(&thread, &failed, clock.now_ms(), "retry now")
+            .unwrap();
+        (thread, failed)
+    };
+    assert_eq!(
+        core_state(&data, &thread),
+        (Some("time".into()), vec![(1, Some("failed".into()))])
+    );
+
+    // The fixture's gate blocks the first time it is asked (after switching itself to
+    // `proceed` for the next run); it schedules nothing itself.
+    {
+        let db = pooler_host::imports::sqlite::open(&fixture_dir(&data), "fixture").unwrap();
+        db.execute_batch(
+            "CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO kv VALUES ('verdict', 'hang-once'), ('schedule', 'off');",
+        )
+        .unwrap();
+    }
+    let config = dir.path().join("pooler.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[plugins.provider-retry]\ncomponent = {:?}\ndeadline-ms = 600000\n\n[maintenance]\ninterval-s = 0\n",
+            pooler_tests::fixtures::RETRY
+        ),
+    )
+    .unwrap();
+
+    // Run 1: the row is claimed and its gate hangs; the process is killed right there.
+    let first = Served::start(&config, &data);
+    eventually("the gate to be asked", || {
+        (fixture_key(&data, "verdict").as_deref() == Some("proceed")).then_some(())
+    });
+    let (row, turns) = core_state(&data, &thread);
+    assert_eq!(
+        row.as_deref(),
+        Some("claimed"),
+        "claimed while its gate runs"
+    );
+    assert_eq!(turns.len(), 1, "not dispatched yet");
+    first.kill();
+    assert_eq!(
+        core_state(&data, &thread).0.as_deref(),
+        Some("claimed"),
+        "the kill left the claim behind"
+    );
+
+    // Run 2: the claim is released, the row gated again and dispatched once.
+    let second = Served::start(&config, &data);
+    let turns = eventually("the retry to finish", || {
+        let (row, turns) = core_state(&data, &thread);
+        (row.is_none() && turns.len() == 2 && turns[1].1.is_some()).then_some(turns)
+    });
+    assert_eq!(
+        turns,
+        vec![(1, Some("failed".into())), (2, Some("failed".into()))]
+    );
+    assert_eq!(
+        fixture_key(&data, "calls").as_deref(),
+        Some("start\ncheck\nstart\ncheck")
+    );
+    drop(second);
+
+    // What the core recorded: released after the crash, dispatched once; the retry went
+    // through the listener and the pool refused the unknown token itself.
+    let core = Core::open(&data, clock).unwrap();
+    let show = core.show(&thread).unwrap();
+    let actions: Vec<&str> = show.history.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["scheduled", "released", "dispatched"], "{show:?}");
+    let retry = &show.turns[1];
+    assert_eq!(
+        (retry.attempt, retry.original_request.as_str()),
+        (2, failed.as_str())
+    );
+    let failure = retry.failure.as_ref().unwrap();
+    assert_eq!(failure.origin, FailureOrigin::Pool, "{failure:?}");
+    assert_eq!(
+        failure.category,
+        FailureCategory::Unauthorized,
+        "{failure:?}"
+    );
+}
