@@ -141,15 +141,26 @@ impl<'de> Deserialize<'de> for ComponentSource {
     }
 }
 
+/// The hosts the account-pool role may reach when its table names none: the Anthropic API
+/// and OAuth token endpoint, the ChatGPT (Codex) backend and the OpenAI token endpoint.
+pub const DEFAULT_POOL_HOSTS: [&str; 4] = [
+    "api.anthropic.com",
+    "console.anthropic.com",
+    "chatgpt.com",
+    "auth.openai.com",
+];
+
 /// `[plugins.<role>]`: one plugin's settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PluginConfig {
     #[serde(default = "default_component")]
     pub component: ComponentSource,
-    /// Hosts the plugin may send HTTP requests to (`host` or `host:port`). Default: none.
+    /// Hosts the plugin may send HTTP requests to (`host` or `host:port`). Default: the
+    /// real provider endpoints for the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for
+    /// other roles. Hosts of URL settings a person sets through the admin API are added.
     #[serde(default)]
-    pub allowed_hosts: Vec<String>,
+    pub allowed_hosts: Option<Vec<String>>,
     /// The longest a call into the plugin may run (CPU time for HTTP requests, which may
     /// stream for long while waiting on upstream; wall time for other calls).
     #[serde(default = "default_deadline_ms")]
@@ -163,7 +174,7 @@ impl Default for PluginConfig {
     fn default() -> Self {
         PluginConfig {
             component: default_component(),
-            allowed_hosts: Vec::new(),
+            allowed_hosts: None,
             deadline_ms: default_deadline_ms(),
             memory_mib: default_memory_mib(),
         }
@@ -223,6 +234,17 @@ impl Config {
         self.plugins.get(role.name()).cloned().unwrap_or_default()
     }
 
+    /// The hosts `role` may reach per the configuration (before any admin grant).
+    pub fn allowed_hosts(&self, role: Role) -> Vec<String> {
+        match self.plugin(role).allowed_hosts {
+            Some(hosts) => hosts,
+            None if role == Role::AccountPool => {
+                DEFAULT_POOL_HOSTS.iter().map(|h| h.to_string()).collect()
+            }
+            None => Vec::new(),
+        }
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         for (name, plugin) in &self.plugins {
             if Role::from_name(name).is_none() {
@@ -237,7 +259,7 @@ impl Config {
             if plugin.deadline_ms == 0 {
                 bail!("plugins.{name}.deadline-ms must be positive");
             }
-            for host in &plugin.allowed_hosts {
+            for host in plugin.allowed_hosts.iter().flatten() {
                 if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
                     bail!("plugins.{name}.allowed-hosts: `{host}` is not a host or host:port");
                 }
@@ -267,7 +289,12 @@ mod tests {
         assert_eq!(config.server.max_body_bytes, 32 << 20);
         let pool = config.plugin(Role::AccountPool);
         assert_eq!(pool.component, ComponentSource::Embedded);
-        assert!(pool.allowed_hosts.is_empty());
+        assert!(pool.allowed_hosts.is_none());
+        assert_eq!(
+            config.allowed_hosts(Role::AccountPool),
+            DEFAULT_POOL_HOSTS.map(String::from)
+        );
+        assert!(config.allowed_hosts(Role::ProviderRetry).is_empty());
         assert_eq!(pool.memory_mib, 64);
     }
 
@@ -292,6 +319,6 @@ mod tests {
             retry.component,
             ComponentSource::File("/x/retry.wasm".into())
         );
-        assert_eq!(retry.allowed_hosts, vec!["127.0.0.1".to_string()]);
+        assert_eq!(retry.allowed_hosts, Some(vec!["127.0.0.1".to_string()]));
     }
 }

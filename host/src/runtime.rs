@@ -153,6 +153,10 @@ impl Drop for Shared {
     }
 }
 
+/// The file in a plugin's directory that keeps the hosts a person allowed it by setting a
+/// URL (see [`AllowList`]). Not a database name, so the plugin cannot open it.
+const GRANTS_FILE: &str = "allowed-hosts";
+
 /// The running host. Cheap to clone.
 #[derive(Clone)]
 pub struct Host {
@@ -265,7 +269,10 @@ fn load<P>(
         source,
         deadline: Duration::from_millis(settings.deadline_ms),
         memory_bytes: usize::try_from(settings.memory_mib << 20).unwrap_or(usize::MAX),
-        allow: Arc::new(AllowList::new(&settings.allowed_hosts)),
+        allow: Arc::new(AllowList::with_grants(
+            &config.allowed_hosts(role),
+            data_dir.join("plugins").join(id).join(GRANTS_FILE),
+        )?),
         dir: data_dir.join("plugins").join(id),
     };
     tracing::info!(plugin = id, source = %meta.source, "plugin loaded");

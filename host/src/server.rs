@@ -285,6 +285,19 @@ impl Host {
         }
     }
 
+    /// A person set one of `role`'s settings to `value`: if it is an http(s) URL, allow the
+    /// plugin to reach its host and port from now on (kept across restarts).
+    pub fn grant_url(&self, role: Role, value: &str) -> anyhow::Result<bool> {
+        let meta = match role {
+            Role::AccountPool => self.shared.pool.as_ref().map(|p| &p.meta),
+            Role::ProviderRetry => self.shared.retry.as_ref().map(|p| &p.meta),
+        };
+        match meta {
+            Some(meta) => meta.allow.grant_url(value),
+            None => Ok(false),
+        }
+    }
+
     /// Hand one HTTP request to a fresh instance of the pool and return its response as soon
     /// as the guest sets it; the body streams while the guest keeps writing.
     pub async fn handle_http<B>(&self, req: Request<B>) -> Response<HyperOutgoingBody>

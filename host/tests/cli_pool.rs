@@ -35,10 +35,11 @@ impl Served {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let config = dir.path().join("pooler.toml");
-        // The upstream is a loopback fake; the maintenance tick stays out of the way.
+        // No allowed-hosts: the pool starts with the real provider hosts only, and may reach
+        // the loopback fake only because a test sets the upstream URL through the CLI.
         std::fs::write(
             &config,
-            "[plugins.account-pool]\nallowed-hosts = [\"127.0.0.1\"]\n",
+            "[plugins.account-pool]\ncomponent = \"embedded\"\n",
         )
         .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))

@@ -191,6 +191,20 @@ async fn get(admin: &Admin, role: Role, key: String) -> Result<SettingView, ApiE
 }
 
 async fn set(admin: &Admin, role: Role, key: String, value: String) -> Result<SettingView, ApiError> {
+    let stored = store(admin, role, key, value).await?;
+    // A URL a person configured is a host the plugin may now reach (the allow-list's
+    // second source); the stored value is the plugin's canonical form of it.
+    admin.host().grant_url(role, &stored.value).map_err(|e| {
+        tracing::error!(error = %e, "cannot keep the allowed host of a URL setting");
+        ApiError::internal(
+            "grant-failed",
+            format!("the setting was stored, but its host could not be allowed: {e}"),
+        )
+    })?;
+    Ok(stored)
+}
+
+async fn store(admin: &Admin, role: Role, key: String, value: String) -> Result<SettingView, ApiError> {
     match role {
         Role::AccountPool => admin
             .pool("settings.set-setting", move |store, pool| {

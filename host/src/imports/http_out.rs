@@ -56,36 +56,111 @@ impl Default for OutgoingClient {
 }
 
 /// The hosts one plugin may call: `host` (any port) or `host:port`, case-insensitive.
-#[derive(Debug, Clone, Default)]
+///
+/// Two sources: the configuration's `allowed-hosts`, and the hosts of URL-valued settings a
+/// person set through the admin API (`pooler config set pool.claude-upstream-url …`), which
+/// are granted as `host:port` and kept in a file in the plugin's directory so they survive
+/// a restart. A plugin cannot grant itself a host: only the host's admin path grants.
+#[derive(Debug, Default)]
 pub struct AllowList {
     entries: Vec<(String, Option<u16>)>,
+    granted: std::sync::RwLock<Vec<(String, Option<u16>)>>,
+    grants_file: Option<std::path::PathBuf>,
 }
 
 impl AllowList {
     pub fn new(entries: &[String]) -> Self {
-        let entries = entries
-            .iter()
-            .map(|entry| {
-                let entry = entry.to_ascii_lowercase();
-                // `[v6]:port`, `host:port`, or a bare host (a bare IPv6 address has colons
-                // but no brackets).
-                let split = match entry.rfind(':') {
-                    Some(i) if !entry[..i].contains(':') || entry[..i].ends_with(']') => entry
-                        [i + 1..]
-                        .parse::<u16>()
-                        .ok()
-                        .map(|port| (entry[..i].to_string(), port)),
-                    _ => None,
-                };
-                match split {
-                    Some((host, port)) => (host, Some(port)),
-                    None => (entry, None),
-                }
-            })
-            .collect();
-        AllowList { entries }
+        AllowList {
+            entries: parse_entries(entries),
+            ..AllowList::default()
+        }
     }
 
+    /// The configured `entries` plus the grants kept in `grants_file` (one `host:port` a
+    /// line; a missing file is no grants).
+    pub fn with_grants(
+        entries: &[String],
+        grants_file: std::path::PathBuf,
+    ) -> anyhow::Result<Self> {
+        let granted = match std::fs::read_to_string(&grants_file) {
+            Ok(text) => parse_entries(&text.lines().map(str::to_owned).collect::<Vec<_>>()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                return Err(anyhow::anyhow!(
+                    "cannot read {}: {e}",
+                    grants_file.display()
+                ));
+            }
+        };
+        Ok(AllowList {
+            entries: parse_entries(entries),
+            granted: std::sync::RwLock::new(granted),
+            grants_file: Some(grants_file),
+        })
+    }
+
+    /// Allow the host and port of `url` if it is an absolute http(s) URL, and keep the grant.
+    /// Returns whether `url` was such a URL. Anything else (a duration, a number) is ignored.
+    pub fn grant_url(&self, url: &str) -> anyhow::Result<bool> {
+        let Ok(uri) = url.parse::<Uri>() else {
+            return Ok(false);
+        };
+        let port = match uri.scheme_str() {
+            Some("https") => uri.port_u16().unwrap_or(443),
+            Some("http") => uri.port_u16().unwrap_or(80),
+            _ => return Ok(false),
+        };
+        let Some(host) = uri.host() else {
+            return Ok(false);
+        };
+        let entry = (host.to_ascii_lowercase(), Some(port));
+        let mut granted = self.granted.write().unwrap_or_else(|e| e.into_inner());
+        if granted.contains(&entry) {
+            return Ok(true);
+        }
+        granted.push(entry);
+        if let Some(file) = &self.grants_file {
+            let text: String = granted
+                .iter()
+                .map(|(host, port)| match port {
+                    Some(port) => format!("{host}:{port}\n"),
+                    None => format!("{host}\n"),
+                })
+                .collect();
+            if let Some(dir) = file.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(file, text)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))?;
+        }
+        Ok(true)
+    }
+}
+
+fn parse_entries(entries: &[String]) -> Vec<(String, Option<u16>)> {
+    entries
+        .iter()
+        .filter(|entry| !entry.trim().is_empty())
+        .map(|entry| {
+            let entry = entry.to_ascii_lowercase();
+            // `[v6]:port`, `host:port`, or a bare host (a bare IPv6 address has colons
+            // but no brackets).
+            let split = match entry.rfind(':') {
+                Some(i) if !entry[..i].contains(':') || entry[..i].ends_with(']') => entry[i + 1..]
+                    .parse::<u16>()
+                    .ok()
+                    .map(|port| (entry[..i].to_string(), port)),
+                _ => None,
+            };
+            match split {
+                Some((host, port)) => (host, Some(port)),
+                None => (entry, None),
+            }
+        })
+        .collect()
+}
+
+impl AllowList {
     /// Whether a request to `uri` may be sent.
     pub fn allows(&self, uri: &Uri) -> bool {
         let Some(host) = uri.host() else { return false };
@@ -97,9 +172,16 @@ impl AllowList {
             } else {
                 80
             });
-        self.entries.iter().any(|(allowed, allowed_port)| {
+        let matches = |(allowed, allowed_port): &(String, Option<u16>)| {
             *allowed == host && allowed_port.is_none_or(|p| p == port)
-        })
+        };
+        self.entries.iter().any(matches)
+            || self
+                .granted
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(matches)
     }
 }
 
@@ -209,5 +291,36 @@ mod tests {
         assert!(list.allows(&uri("http://[::1]:9/")));
         assert!(!list.allows(&uri("https://evil.example.com/")));
         assert!(!list.allows(&uri("https://api.example.com.evil.test/")));
+    }
+
+    #[test]
+    fn a_granted_url_opens_its_host_and_port_and_survives_a_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plugin").join("allowed-hosts");
+        let list = AllowList::with_grants(&["api.example.com".to_string()], file.clone()).unwrap();
+        assert!(!list.allows(&uri("http://127.0.0.1:9100/v1")));
+        assert!(!list.grant_url("20s").unwrap(), "not a URL");
+        assert!(!list.grant_url("ftp://127.0.0.1/").unwrap(), "not http(s)");
+        assert!(list.grant_url("http://127.0.0.1:9100").unwrap());
+        assert!(list.grant_url("https://Upstream.Test/base").unwrap());
+        assert!(list.allows(&uri("http://127.0.0.1:9100/v1/messages")));
+        assert!(
+            !list.allows(&uri("http://127.0.0.1:9101/")),
+            "only the granted port"
+        );
+        assert!(list.allows(&uri("https://upstream.test/x")));
+        assert!(
+            !list.allows(&uri("http://upstream.test/x")),
+            "443 was granted, not 80"
+        );
+        assert!(
+            list.allows(&uri("https://api.example.com/")),
+            "configured hosts stay"
+        );
+
+        let reloaded = AllowList::with_grants(&[], file).unwrap();
+        assert!(reloaded.allows(&uri("http://127.0.0.1:9100/v1")));
+        assert!(reloaded.allows(&uri("https://upstream.test/")));
+        assert!(!reloaded.allows(&uri("https://api.example.com/")));
     }
 }

@@ -143,8 +143,8 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
 fn wait_for_lock(attempt: i32) -> bool {
     const DELAYS_MS: [u64; 12] = [1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100];
     let n = usize::try_from(attempt).unwrap_or(0);
-    let waited: u64 = DELAYS_MS.iter().take(n).sum::<u64>()
-        + n.saturating_sub(DELAYS_MS.len()) as u64 * 100;
+    let waited: u64 =
+        DELAYS_MS.iter().take(n).sum::<u64>() + n.saturating_sub(DELAYS_MS.len()) as u64 * 100;
     let delay = DELAYS_MS.get(n).copied().unwrap_or(100);
     let limit = BUSY_TIMEOUT.as_millis() as u64;
     if waited >= limit {
