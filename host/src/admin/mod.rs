@@ -68,6 +68,7 @@ areas! {
     "routes" => routes,
     "sessions" => sessions,
     "threads" => core,
+    "retry" => retry,
 }
 
 pub use accounts::{AccountView, WindowView};

@@ -19,6 +19,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 pub mod client;
+pub mod explain;
 mod format;
 mod serve;
 

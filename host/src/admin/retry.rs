@@ -1,0 +1,529 @@
+//! `/_pooler/retry…`: Provider Retry's diagnostics and a person's cancel, through the
+//! plugin's `retry-admin` export (`wit/retry-admin.wit`), for `pooler retry status|explain|
+//! cancel`. (`send-now` and `opt-out` are the core's: `/_pooler/threads/{id}/…`.)
+//!
+//! | method and path              | answer |
+//! |------------------------------|--------|
+//! | `GET /retry/status[?thread=T]` | `{"candidates": [candidate…]}`, by next send time, watches last |
+//! | `GET /retry/explain/{thread}`  | `{"thread": T, "chains": [chain…]}`, oldest chain first |
+//! | `POST /retry/cancel/{thread}`  | `{"cancelled": candidate}` (as it was before the cancel) |
+//!
+//! The records are those of [`crate::cli::explain`]. A thread filter that matches
+//! nothing is an empty list (the CLI says "nothing pending"); `explain` of a thread the plugin
+//! never saw and `cancel` of a thread with no open candidate are 404 with a message that says
+//! the thread has nothing pending. The plugin's database or a capability failing is 503.
+
+use super::{Admin, AdminRequest, ApiError, Reply};
+use crate::bindings::retry::exports::pooler::plugins::retry_admin::{
+    Action, AdminError, Candidate, CandidateState, ChainHistory, HistoryEntry, Trigger,
+};
+use crate::bindings::types::{Availability, BlockCause, UnavailableReason};
+use crate::cli::explain::{
+    ActionView, AvailabilityView, CandidateView, ChainView, EntryView, TriggerView,
+};
+
+pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    match (req.method(), req.rest().as_slice()) {
+        ("GET", ["status"]) => status(admin, req.query("thread").map(str::to_owned)).await,
+        ("GET", ["explain", thread]) => explain(admin, thread).await,
+        ("POST", ["cancel", thread]) => cancel(admin, thread).await,
+        _ => Err(ApiError::no_endpoint(req)),
+    }
+}
+
+async fn status(admin: &Admin, thread: Option<String>) -> Result<Reply, ApiError> {
+    if thread.as_deref() == Some("") {
+        return Err(ApiError::bad_request(
+            "invalid-thread",
+            "`thread` must name a thread (or be left out for every thread)",
+        ));
+    }
+    let candidates = admin
+        .retry("retry-admin.status", move |store, retry| {
+            Box::pin(async move {
+                retry
+                    .pooler_plugins_retry_admin()
+                    .call_status(store, thread.as_ref())
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)?;
+    let candidates: Vec<CandidateView> = candidates.into_iter().map(candidate_view).collect();
+    Reply::ok(serde_json::json!({ "candidates": candidates }))
+}
+
+async fn explain(admin: &Admin, thread: &str) -> Result<Reply, ApiError> {
+    let target = thread.to_owned();
+    let chains = admin
+        .retry("retry-admin.explain", move |store, retry| {
+            Box::pin(async move {
+                retry
+                    .pooler_plugins_retry_admin()
+                    .call_explain(store, &target)
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)?;
+    let chains: Vec<ChainView> = chains.into_iter().map(chain_view).collect();
+    Reply::ok(serde_json::json!({ "thread": thread, "chains": chains }))
+}
+
+async fn cancel(admin: &Admin, thread: &str) -> Result<Reply, ApiError> {
+    let target = thread.to_owned();
+    let now = admin.host().clock().now_ms();
+    let cancelled = admin
+        .retry("retry-admin.cancel", move |store, retry| {
+            Box::pin(async move {
+                retry
+                    .pooler_plugins_retry_admin()
+                    .call_cancel(store, &target, now)
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::ok(serde_json::json!({ "cancelled": candidate_view(cancelled) }))
+}
+
+/// What the plugin's `admin-error` means for a person, with its HTTP status.
+fn refused(e: AdminError) -> ApiError {
+    match e {
+        AdminError::NothingPending(t) => {
+            ApiError::not_found("nothing-pending", format!("thread {t} has nothing pending"))
+        }
+        AdminError::UnknownThread(t) => ApiError::not_found(
+            "unknown-thread",
+            format!(
+                "thread {t} has nothing pending: the retry plugin has no record of it \
+                 (none of its turns failed in a way it was asked about)"
+            ),
+        ),
+        AdminError::Dependency(why) => ApiError::unavailable(
+            "dependency",
+            format!("the retry plugin could not reach what it needs ({why}); try again"),
+        ),
+        AdminError::Storage(why) => ApiError::unavailable(
+            "storage",
+            format!("the retry plugin's database failed ({why}); try again"),
+        ),
+    }
+}
+
+fn candidate_view(c: Candidate) -> CandidateView {
+    CandidateView {
+        thread: c.thread,
+        original_request: c.original_request,
+        failed_request: c.failed_request,
+        state: match c.state {
+            CandidateState::Scheduled => "scheduled",
+            CandidateState::Watching => "watching",
+        }
+        .to_owned(),
+        row: c.row,
+        send_at: c.send_at,
+        next_attempt: c.next_attempt,
+        reason: c.reason,
+        chain_started_at: c.chain_started_at,
+    }
+}
+
+fn chain_view(c: ChainHistory) -> ChainView {
+    ChainView {
+        thread: c.thread,
+        original_request: c.original_request,
+        entries: c.entries.into_iter().map(entry_view).collect(),
+    }
+}
+
+fn entry_view(e: HistoryEntry) -> EntryView {
+    EntryView {
+        at: e.at,
+        trigger: match e.trigger {
+            Trigger::Failure => TriggerView::Failure,
+            Trigger::Signal(causes) => TriggerView::Signal { causes },
+            Trigger::Start => TriggerView::Start,
+            Trigger::Tick => TriggerView::Tick,
+            Trigger::Due => TriggerView::Due,
+            Trigger::Person => TriggerView::Person,
+            Trigger::Dispatch => TriggerView::Dispatch,
+        },
+        availability: e.availability.map(availability_view),
+        action: match e.action {
+            Action::Scheduled(at) => ActionView::Scheduled { at },
+            Action::Rescheduled((from, to)) => ActionView::Rescheduled { from, to },
+            Action::Watching => ActionView::Watching,
+            Action::Declined => ActionView::Declined,
+            Action::Dropped => ActionView::Dropped,
+            Action::Dispatched(attempt) => ActionView::Dispatched { attempt },
+            Action::Resolved => ActionView::Resolved,
+            Action::Unchanged => ActionView::Unchanged,
+        },
+        reason: e.reason,
+    }
+}
+
+fn availability_view(a: Availability) -> AvailabilityView {
+    match a {
+        Availability::NotRouted => AvailabilityView::NotRouted,
+        Availability::Ready => AvailabilityView::Ready,
+        Availability::Blocked(b) => AvailabilityView::Blocked {
+            retry_at: b.retry_at,
+            cause: match b.cause {
+                BlockCause::QuotaExhausted => "quota-exhausted",
+                BlockCause::FamilyQuotaExhausted => "family-quota-exhausted",
+                BlockCause::Held => "held",
+                BlockCause::UsageRestricted => "usage-restricted",
+            }
+            .to_owned(),
+        },
+        Availability::Unavailable(r) => AvailabilityView::Unavailable {
+            reason: match r {
+                UnavailableReason::NoEnabledAccount => "no-enabled-account",
+                UnavailableReason::Authentication => "authentication",
+                UnavailableReason::ResetUnknown => "reset-unknown",
+                UnavailableReason::SourceUnavailable => "source-unavailable",
+            }
+            .to_owned(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The router without the plugin (its paths, methods and the 503 of a missing plugin)
+    //! and the mapping of the WIT data and errors. With the real plugin the area is driven
+    //! end to end by `host/tests/cli_retry.rs`.
+
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::{Request, StatusCode};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::bindings::types::Blocked;
+    use crate::config::Config;
+    use crate::imports::threads::NoCore;
+    use crate::runtime::{Host, HostOptions};
+
+    const TOKEN: &str = "0123456789abcdef";
+
+    fn admin() -> (tempfile::TempDir, Admin) {
+        let dir = tempfile::tempdir().unwrap();
+        let host = Host::new(HostOptions {
+            config: Config::parse(
+                "[plugins.account-pool]\ncomponent = \"none\"\n\
+                 [plugins.provider-retry]\ncomponent = \"none\"\n",
+            )
+            .unwrap(),
+            data_dir: dir.path().to_owned(),
+            clock: Arc::new(pooler_core::clock::SystemClock::new()),
+            threads: Arc::new(NoCore),
+            cache_dir: None,
+        })
+        .unwrap();
+        let admin = Admin::new(
+            host,
+            TOKEN.to_owned(),
+            "127.0.0.1:8787".parse().unwrap(),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        (dir, admin)
+    }
+
+    async fn call(admin: &Admin, method: &str, path: &str) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = admin.handle(request).await;
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn code(body: &Value) -> &str {
+        body["error"]["code"].as_str().unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_endpoint_reaches_the_plugin_and_a_missing_one_is_503() {
+        let (_dir, admin) = admin();
+        for (method, path) in [
+            ("GET", "/_pooler/retry/status"),
+            ("GET", "/_pooler/retry/status?thread=th_1"),
+            ("GET", "/_pooler/retry/explain/th_1"),
+            ("GET", "/_pooler/retry/explain/th%2F1"),
+            ("POST", "/_pooler/retry/cancel/th_1"),
+        ] {
+            let (status, body) = call(&admin, method, path).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{method} {path}");
+            assert_eq!(code(&body), "plugin-unavailable", "{method} {path}");
+        }
+    }
+
+    #[tokio::test]
+    async fn other_paths_and_methods_are_404_naming_them() {
+        let (_dir, admin) = admin();
+        for (method, path) in [
+            ("POST", "/_pooler/retry/status"),
+            ("GET", "/_pooler/retry"),
+            ("GET", "/_pooler/retry/explain"),
+            ("GET", "/_pooler/retry/cancel/th_1"),
+            ("DELETE", "/_pooler/retry/cancel/th_1"),
+            ("POST", "/_pooler/retry/cancel"),
+            ("GET", "/_pooler/retry/explain/th_1/more"),
+            ("GET", "/_pooler/retry/unknown"),
+        ] {
+            let (status, body) = call(&admin, method, path).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}");
+            assert_eq!(code(&body), "no-such-endpoint", "{method} {path}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("{method} /_pooler/retry")),
+                "{body}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_empty_thread_filter_is_refused() {
+        let (_dir, admin) = admin();
+        let (status, body) = call(&admin, "GET", "/_pooler/retry/status?thread=").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(code(&body), "invalid-thread");
+    }
+
+    #[tokio::test]
+    async fn the_core_keeps_send_now_and_opt_out_under_threads() {
+        // Those are the core's (`admin/core.rs`), answered 503 here without a core; the
+        // retry area does not shadow them.
+        let (_dir, admin) = admin();
+        for (method, path) in [
+            ("POST", "/_pooler/threads/th_1/send-now"),
+            ("PUT", "/_pooler/threads/th_1/opt-out"),
+        ] {
+            let (status, body) = call(&admin, method, path).await;
+            assert_ne!(code(&body), "no-such-endpoint", "{method} {path}: {body}");
+            assert_ne!(status, StatusCode::OK);
+        }
+    }
+
+    #[test]
+    fn every_admin_error_becomes_a_clear_api_error() {
+        let e = refused(AdminError::NothingPending("th_1".into()));
+        assert_eq!(
+            (e.status, e.code, e.message.as_str()),
+            (
+                StatusCode::NOT_FOUND,
+                "nothing-pending",
+                "thread th_1 has nothing pending"
+            )
+        );
+        let e = refused(AdminError::UnknownThread("th_2".into()));
+        assert_eq!((e.status, e.code), (StatusCode::NOT_FOUND, "unknown-thread"));
+        assert!(
+            e.message.starts_with("thread th_2 has nothing pending"),
+            "{}",
+            e.message
+        );
+        let e = refused(AdminError::Dependency("queue closed".into()));
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::SERVICE_UNAVAILABLE, "dependency")
+        );
+        assert!(e.message.contains("queue closed") && e.message.contains("try again"));
+        let e = refused(AdminError::Storage("disk I/O error".into()));
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::SERVICE_UNAVAILABLE, "storage")
+        );
+        assert!(e.message.contains("disk I/O error") && e.message.contains("try again"));
+    }
+
+    #[test]
+    fn candidates_keep_every_field() {
+        let view = candidate_view(Candidate {
+            thread: "th_1".into(),
+            original_request: "rq_1".into(),
+            failed_request: "rq_2".into(),
+            state: CandidateState::Scheduled,
+            row: Some(7),
+            send_at: Some(2_000),
+            next_attempt: 3,
+            reason: "rate-limited".into(),
+            chain_started_at: 1_000,
+        });
+        assert_eq!(
+            serde_json::to_value(&view).unwrap(),
+            json!({
+                "thread": "th_1", "original_request": "rq_1", "failed_request": "rq_2",
+                "state": "scheduled", "row": 7, "send_at": 2_000, "next_attempt": 3,
+                "reason": "rate-limited", "chain_started_at": 1_000,
+            })
+        );
+        let watching = candidate_view(Candidate {
+            state: CandidateState::Watching,
+            row: None,
+            send_at: None,
+            ..Candidate {
+                thread: "th_1".into(),
+                original_request: "rq_1".into(),
+                failed_request: "rq_1".into(),
+                state: CandidateState::Scheduled,
+                row: None,
+                send_at: None,
+                next_attempt: 2,
+                reason: "pool-unavailable(authentication)".into(),
+                chain_started_at: 1_000,
+            }
+        });
+        assert_eq!(watching.state, "watching");
+        assert_eq!(watching.send_at, None);
+    }
+
+    #[test]
+    fn every_trigger_action_and_availability_maps_to_its_view() {
+        let entry = |trigger, action, availability| HistoryEntry {
+            at: 5,
+            trigger,
+            availability,
+            action,
+            reason: "r".into(),
+        };
+        let cases = [
+            (
+                entry(Trigger::Failure, Action::Scheduled(9), None),
+                TriggerView::Failure,
+                ActionView::Scheduled { at: 9 },
+                None,
+            ),
+            (
+                entry(
+                    Trigger::Signal("account enabled".into()),
+                    Action::Rescheduled((9, 6)),
+                    Some(Availability::Ready),
+                ),
+                TriggerView::Signal {
+                    causes: "account enabled".into(),
+                },
+                ActionView::Rescheduled { from: 9, to: 6 },
+                Some(AvailabilityView::Ready),
+            ),
+            (
+                entry(
+                    Trigger::Start,
+                    Action::Watching,
+                    Some(Availability::Unavailable(UnavailableReason::Authentication)),
+                ),
+                TriggerView::Start,
+                ActionView::Watching,
+                Some(AvailabilityView::Unavailable {
+                    reason: "authentication".into(),
+                }),
+            ),
+            (
+                entry(
+                    Trigger::Tick,
+                    Action::Declined,
+                    Some(Availability::NotRouted),
+                ),
+                TriggerView::Tick,
+                ActionView::Declined,
+                Some(AvailabilityView::NotRouted),
+            ),
+            (
+                entry(
+                    Trigger::Due,
+                    Action::Dropped,
+                    Some(Availability::Blocked(Blocked {
+                        retry_at: 8,
+                        cause: BlockCause::FamilyQuotaExhausted,
+                    })),
+                ),
+                TriggerView::Due,
+                ActionView::Dropped,
+                Some(AvailabilityView::Blocked {
+                    retry_at: 8,
+                    cause: "family-quota-exhausted".into(),
+                }),
+            ),
+            (
+                entry(Trigger::Person, Action::Dispatched(2), None),
+                TriggerView::Person,
+                ActionView::Dispatched { attempt: 2 },
+                None,
+            ),
+            (
+                entry(Trigger::Dispatch, Action::Resolved, None),
+                TriggerView::Dispatch,
+                ActionView::Resolved,
+                None,
+            ),
+            (
+                entry(Trigger::Tick, Action::Unchanged, None),
+                TriggerView::Tick,
+                ActionView::Unchanged,
+                None,
+            ),
+        ];
+        for (wit, trigger, action, availability) in cases {
+            assert_eq!(
+                entry_view(wit),
+                EntryView {
+                    at: 5,
+                    trigger,
+                    availability,
+                    action,
+                    reason: "r".into(),
+                }
+            );
+        }
+        let chain = chain_view(ChainHistory {
+            thread: "th_1".into(),
+            original_request: "rq_1".into(),
+            entries: vec![entry(Trigger::Failure, Action::Watching, None)],
+        });
+        assert_eq!(chain.entries.len(), 1);
+        assert_eq!(chain.original_request, "rq_1");
+    }
+
+    #[test]
+    fn every_block_cause_and_unavailable_reason_keeps_its_wit_name() {
+        for (cause, name) in [
+            (BlockCause::QuotaExhausted, "quota-exhausted"),
+            (BlockCause::FamilyQuotaExhausted, "family-quota-exhausted"),
+            (BlockCause::Held, "held"),
+            (BlockCause::UsageRestricted, "usage-restricted"),
+        ] {
+            assert_eq!(
+                availability_view(Availability::Blocked(Blocked { retry_at: 1, cause })),
+                AvailabilityView::Blocked {
+                    retry_at: 1,
+                    cause: name.into()
+                }
+            );
+        }
+        for (reason, name) in [
+            (UnavailableReason::NoEnabledAccount, "no-enabled-account"),
+            (UnavailableReason::Authentication, "authentication"),
+            (UnavailableReason::ResetUnknown, "reset-unknown"),
+            (UnavailableReason::SourceUnavailable, "source-unavailable"),
+        ] {
+            assert_eq!(
+                availability_view(Availability::Unavailable(reason)),
+                AvailabilityView::Unavailable {
+                    reason: name.into()
+                }
+            );
+        }
+    }
+}

@@ -1,0 +1,486 @@
+//! The Provider Retry diagnostics as the admin API carries them (`/_pooler/retry/…`, from the
+//! plugin's `retry-admin` export) and their rendering in words for `pooler retry explain`,
+//! e.g. "00:50:16  rescheduled 03:00:23 → 00:50:31 after pool availability changed (account
+//! enabled)".
+//!
+//! The types mirror the WIT records of `wit/retry-admin.wit` one to one, in the admin API's
+//! spelling: `snake_case` fields, enum values as the WIT case names, and each variant as an
+//! object whose `kind` is the case name (`{"kind": "rescheduled", "from": …, "to": …}`).
+//! Timestamps are unix epoch milliseconds; the words print them as UTC `HH:MM:SS`, and a
+//! chain's heading carries the full date.
+//!
+//! This is the renderer of record: `plugins/provider-retry/src/explain.rs` renders the same
+//! words over the plugin's own types (the host does not depend on plugin crates); the tests
+//! here pin every trigger and action.
+
+use serde::{Deserialize, Serialize};
+
+/// An open candidate: a chain with a live retry row or a watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidateView {
+    pub thread: String,
+    /// The chain's original request.
+    pub original_request: String,
+    /// The chain's latest failed request.
+    pub failed_request: String,
+    /// `scheduled` (a live row) or `watching` (declined for now, revisited on every
+    /// re-evaluation).
+    pub state: String,
+    /// The live row, when scheduled.
+    pub row: Option<u64>,
+    /// When the row is due, when scheduled.
+    pub send_at: Option<u64>,
+    /// The attempt the next dispatch will carry.
+    pub next_attempt: u32,
+    /// Why it is in this state.
+    pub reason: String,
+    /// When the chain first failed (T0).
+    pub chain_started_at: u64,
+}
+
+/// What set off an entry of the history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum TriggerView {
+    /// A `turn-failed` event.
+    Failure,
+    /// An `availability-changed` signal; `causes` lists what changed.
+    Signal { causes: String },
+    /// `on-start`.
+    Start,
+    /// `on-tick`.
+    Tick,
+    /// `before-dispatch` of the due row.
+    Due,
+    /// A person (cancel, send-now).
+    Person,
+    /// The turn was dispatched by the core (seen on the next event).
+    Dispatch,
+}
+
+/// What was done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum ActionView {
+    /// A row was created for this send time.
+    Scheduled { at: u64 },
+    /// The row moved from one send time to another.
+    Rescheduled { from: u64, to: u64 },
+    /// Declined for now, kept open.
+    Watching,
+    /// Declined for good.
+    Declined,
+    /// The row was removed without dispatch.
+    Dropped,
+    /// The row was (or will be) dispatched as this attempt.
+    Dispatched { attempt: u32 },
+    /// The candidate was closed (succeeded, stale, expired, cancelled).
+    Resolved,
+    /// Nothing changed (the decision stands).
+    Unchanged,
+}
+
+/// The pool's availability as the plugin saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AvailabilityView {
+    /// The pool does not route the thread.
+    NotRouted,
+    /// The pool would serve now.
+    Ready,
+    /// Nothing serves before `retry_at`; `cause` is the WIT `block-cause` name.
+    Blocked { retry_at: u64, cause: String },
+    /// Nothing serves and the pool cannot say when; `reason` is the WIT
+    /// `unavailable-reason` name.
+    Unavailable { reason: String },
+}
+
+/// One entry of a chain's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryView {
+    pub at: u64,
+    pub trigger: TriggerView,
+    /// The availability the plugin saw, when it asked.
+    pub availability: Option<AvailabilityView>,
+    pub action: ActionView,
+    /// The reason, in the plugin's stable words (`rate-limited`, `stale: newer request`, …).
+    pub reason: String,
+}
+
+/// The history of one chain, oldest entry first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainView {
+    pub thread: String,
+    pub original_request: String,
+    pub entries: Vec<EntryView>,
+}
+
+/// `HH:MM:SS` (UTC) of a unix-epoch millisecond timestamp.
+pub fn clock_time(ms: u64) -> String {
+    let day = ms / 1000 % 86_400;
+    format!("{:02}:{:02}:{:02}", day / 3600, day % 3600 / 60, day % 60)
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of a unix-epoch millisecond timestamp.
+pub fn date_time(ms: u64) -> String {
+    // `iso` is `YYYY-MM-DDTHH:MM:SSZ`.
+    let iso = crate::cli::format::iso(ms);
+    format!("{} {} UTC", &iso[..10], clock_time(ms))
+}
+
+/// The availability in words.
+pub fn availability_words(a: &AvailabilityView) -> String {
+    match a {
+        AvailabilityView::NotRouted => "not routed by the pool".to_owned(),
+        AvailabilityView::Ready => "pool ready".to_owned(),
+        AvailabilityView::Blocked { retry_at, .. } => {
+            format!("pool blocked until {}", clock_time(*retry_at))
+        }
+        AvailabilityView::Unavailable { reason } => format!("pool unavailable ({reason})"),
+    }
+}
+
+/// What set the entry off, in words ("after the turn failed").
+pub fn trigger_words(t: &TriggerView) -> String {
+    match t {
+        TriggerView::Failure => "after the turn failed".to_owned(),
+        TriggerView::Signal { causes } if causes.is_empty() => {
+            "after pool availability changed".to_owned()
+        }
+        TriggerView::Signal { causes } => format!("after pool availability changed ({causes})"),
+        TriggerView::Start => "at start-up".to_owned(),
+        TriggerView::Tick => "at the periodic re-evaluation".to_owned(),
+        TriggerView::Due => "when the row came due".to_owned(),
+        TriggerView::Person => "by a person".to_owned(),
+        TriggerView::Dispatch => "after the retried turn ended".to_owned(),
+    }
+}
+
+/// What was done, in words ("rescheduled 03:00:23 → 00:50:31").
+pub fn action_words(a: &ActionView) -> String {
+    match a {
+        ActionView::Scheduled { at } => format!("scheduled for {}", clock_time(*at)),
+        ActionView::Rescheduled { from, to } => {
+            format!("rescheduled {} → {}", clock_time(*from), clock_time(*to))
+        }
+        ActionView::Watching => "watching".to_owned(),
+        ActionView::Declined => "declined".to_owned(),
+        ActionView::Dropped => "dropped".to_owned(),
+        ActionView::Dispatched { attempt } => format!("dispatched as attempt {attempt}"),
+        ActionView::Resolved => "resolved".to_owned(),
+        ActionView::Unchanged => "unchanged".to_owned(),
+    }
+}
+
+/// One entry in words, without its time: action, trigger, then reason and availability.
+pub fn describe(entry: &EntryView) -> String {
+    let mut text = format!(
+        "{} {}",
+        action_words(&entry.action),
+        trigger_words(&entry.trigger)
+    );
+    let mut details: Vec<String> = Vec::new();
+    if !entry.reason.is_empty() {
+        details.push(entry.reason.clone());
+    }
+    if let Some(a) = &entry.availability {
+        details.push(availability_words(a));
+    }
+    if !details.is_empty() {
+        text.push_str(": ");
+        text.push_str(&details.join("; "));
+    }
+    text
+}
+
+/// A chain's history in words: a heading, then one line per entry, oldest first.
+pub fn render(chain: &ChainView) -> String {
+    let mut out = format!(
+        "{} — retries of request {}",
+        chain.thread, chain.original_request
+    );
+    if let Some(first) = chain.entries.first() {
+        out.push_str(&format!(" (first entry {})", date_time(first.at)));
+    }
+    out.push('\n');
+    if chain.entries.is_empty() {
+        out.push_str("  (no history recorded)\n");
+    }
+    for entry in &chain.entries {
+        out.push_str(&format!(
+            "  {}  {}\n",
+            clock_time(entry.at),
+            describe(entry)
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // 2026-10-23T00:50:16Z
+    const T: u64 = 1_792_716_616_000;
+
+    fn entry(
+        trigger: TriggerView,
+        action: ActionView,
+        availability: Option<AvailabilityView>,
+        reason: &str,
+    ) -> EntryView {
+        EntryView {
+            at: T,
+            trigger,
+            availability,
+            action,
+            reason: reason.to_owned(),
+        }
+    }
+
+    #[test]
+    fn times_are_utc_clock_and_calendar() {
+        assert_eq!(clock_time(T), "00:50:16");
+        assert_eq!(clock_time(T + 999), "00:50:16");
+        assert_eq!(clock_time(86_399_000), "23:59:59");
+        assert_eq!(date_time(T), "2026-10-23 00:50:16 UTC");
+        assert_eq!(date_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(date_time(951_782_400_000), "2000-02-29 00:00:00 UTC");
+    }
+
+    #[test]
+    fn a_move_after_a_signal_reads_like_the_issue_asks() {
+        let e = entry(
+            TriggerView::Signal {
+                causes: "account enabled".into(),
+            },
+            ActionView::Rescheduled {
+                from: T + 7_807_000,
+                to: T + 15_000,
+            },
+            None,
+            "",
+        );
+        assert_eq!(
+            describe(&e),
+            "rescheduled 03:00:23 → 00:50:31 after pool availability changed (account enabled)"
+        );
+    }
+
+    #[test]
+    fn every_trigger_has_its_words() {
+        let cases = [
+            (TriggerView::Failure, "after the turn failed"),
+            (
+                TriggerView::Signal {
+                    causes: "account enabled, hold ended".into(),
+                },
+                "after pool availability changed (account enabled, hold ended)",
+            ),
+            (
+                TriggerView::Signal {
+                    causes: String::new(),
+                },
+                "after pool availability changed",
+            ),
+            (TriggerView::Start, "at start-up"),
+            (TriggerView::Tick, "at the periodic re-evaluation"),
+            (TriggerView::Due, "when the row came due"),
+            (TriggerView::Person, "by a person"),
+            (TriggerView::Dispatch, "after the retried turn ended"),
+        ];
+        for (trigger, words) in cases {
+            assert_eq!(trigger_words(&trigger), words, "{trigger:?}");
+            assert_eq!(
+                describe(&entry(trigger, ActionView::Unchanged, None, "")),
+                format!("unchanged {words}")
+            );
+        }
+    }
+
+    #[test]
+    fn every_action_has_its_words() {
+        let cases = [
+            (
+                ActionView::Scheduled { at: T + 60_000 },
+                "scheduled for 00:51:16",
+            ),
+            (
+                ActionView::Rescheduled {
+                    from: T,
+                    to: T + 3_600_000,
+                },
+                "rescheduled 00:50:16 → 01:50:16",
+            ),
+            (ActionView::Watching, "watching"),
+            (ActionView::Declined, "declined"),
+            (ActionView::Dropped, "dropped"),
+            (
+                ActionView::Dispatched { attempt: 3 },
+                "dispatched as attempt 3",
+            ),
+            (ActionView::Resolved, "resolved"),
+            (ActionView::Unchanged, "unchanged"),
+        ];
+        for (action, words) in cases {
+            assert_eq!(action_words(&action), words, "{action:?}");
+            assert_eq!(
+                describe(&entry(TriggerView::Tick, action, None, "")),
+                format!("{words} at the periodic re-evaluation")
+            );
+        }
+    }
+
+    #[test]
+    fn every_availability_has_its_words() {
+        let cases = [
+            (AvailabilityView::NotRouted, "not routed by the pool"),
+            (AvailabilityView::Ready, "pool ready"),
+            (
+                AvailabilityView::Blocked {
+                    retry_at: T + 7_783_000,
+                    cause: "quota-exhausted".into(),
+                },
+                "pool blocked until 02:59:59",
+            ),
+            (
+                AvailabilityView::Unavailable {
+                    reason: "authentication".into(),
+                },
+                "pool unavailable (authentication)",
+            ),
+        ];
+        for (availability, words) in cases {
+            assert_eq!(availability_words(&availability), words);
+        }
+    }
+
+    #[test]
+    fn entries_name_reason_and_availability() {
+        let blocked = AvailabilityView::Blocked {
+            retry_at: T + 7_783_000,
+            cause: "quota-exhausted".into(),
+        };
+        assert_eq!(
+            describe(&entry(
+                TriggerView::Failure,
+                ActionView::Scheduled { at: T + 7_807_000 },
+                Some(blocked),
+                "rate-limited: pool reset"
+            )),
+            "scheduled for 03:00:23 after the turn failed: rate-limited: pool reset; pool blocked until 02:59:59"
+        );
+        assert_eq!(
+            describe(&entry(
+                TriggerView::Failure,
+                ActionView::Watching,
+                Some(AvailabilityView::Unavailable {
+                    reason: "authentication".into()
+                }),
+                "pool-unavailable(authentication)"
+            )),
+            "watching after the turn failed: pool-unavailable(authentication); pool unavailable (authentication)"
+        );
+        assert_eq!(
+            describe(&entry(
+                TriggerView::Due,
+                ActionView::Dropped,
+                None,
+                "stale: newer request"
+            )),
+            "dropped when the row came due: stale: newer request"
+        );
+        assert_eq!(
+            describe(&entry(
+                TriggerView::Person,
+                ActionView::Dispatched { attempt: 2 },
+                None,
+                ""
+            )),
+            "dispatched as attempt 2 by a person"
+        );
+        assert_eq!(
+            describe(&entry(
+                TriggerView::Start,
+                ActionView::Declined,
+                Some(AvailabilityView::NotRouted),
+                ""
+            )),
+            "declined at start-up: not routed by the pool"
+        );
+    }
+
+    #[test]
+    fn render_lists_entries_under_a_dated_heading() {
+        let chain = ChainView {
+            thread: "thr_1".into(),
+            original_request: "req_1".into(),
+            entries: vec![
+                entry(
+                    TriggerView::Failure,
+                    ActionView::Scheduled { at: T + 60_000 },
+                    Some(AvailabilityView::Ready),
+                    "rate-limited: pool ready",
+                ),
+                entry(
+                    TriggerView::Due,
+                    ActionView::Dispatched { attempt: 2 },
+                    Some(AvailabilityView::Ready),
+                    "passed the dispatch gates",
+                ),
+            ],
+        };
+        let text = render(&chain);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "thr_1 — retries of request req_1 (first entry 2026-10-23 00:50:16 UTC)",
+                "  00:50:16  scheduled for 00:51:16 after the turn failed: rate-limited: pool ready; pool ready",
+                "  00:50:16  dispatched as attempt 2 when the row came due: passed the dispatch gates; pool ready",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_history_says_so() {
+        let chain = ChainView {
+            thread: "thr_1".into(),
+            original_request: "req_1".into(),
+            entries: Vec::new(),
+        };
+        assert_eq!(
+            render(&chain),
+            "thr_1 — retries of request req_1\n  (no history recorded)\n"
+        );
+    }
+
+    #[test]
+    fn the_wire_form_names_each_variant_by_its_wit_case() {
+        let e = entry(
+            TriggerView::Signal {
+                causes: "account enabled".into(),
+            },
+            ActionView::Rescheduled { from: 1, to: 2 },
+            Some(AvailabilityView::Blocked {
+                retry_at: 3,
+                cause: "held".into(),
+            }),
+            "rate-limited",
+        );
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "at": T,
+                "trigger": {"kind": "signal", "causes": "account enabled"},
+                "availability": {"kind": "blocked", "retry_at": 3, "cause": "held"},
+                "action": {"kind": "rescheduled", "from": 1, "to": 2},
+                "reason": "rate-limited",
+            })
+        );
+        assert_eq!(serde_json::from_value::<EntryView>(json).unwrap(), e);
+        let not_routed = serde_json::to_value(AvailabilityView::NotRouted).unwrap();
+        assert_eq!(not_routed, serde_json::json!({"kind": "not-routed"}));
+    }
+}

@@ -1,0 +1,380 @@
+//! `pooler retry status|explain|cancel` as a user meets them: a real `pooler serve` process
+//! with the embedded plugins, a pool account pointed at a fake Anthropic upstream on
+//! 127.0.0.1 that answers every request 429 with `Retry-After: 3600`, and a thread whose
+//! first turn fails on it. Provider Retry schedules a retry about an hour ahead (the account
+//! is held); the commands list it, explain it in words and cancel it. A thread with nothing
+//! pending is an error (exit 1) that says so.
+//!
+//! No test waits for a timer: the retry is an hour away. The only polling is for the failed
+//! turn to reach the plugin (a bounded number of quick retries).
+
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const KEY: &str = "sk-ant-api03-retry-secret-ZZZZ";
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A `pooler serve` on a free loopback port with its own data directory.
+struct Served {
+    child: Child,
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+}
+
+impl Served {
+    fn start() -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("pooler.toml");
+        std::fs::write(
+            &config,
+            "[plugins.account-pool]\nallowed-hosts = [\"127.0.0.1\"]\n",
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            .env_remove("POOLER_DATA_DIR")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        assert!(
+            first.starts_with("pooler listening on "),
+            "unexpected first line: {first}"
+        );
+        // `server.json` is written before the first line; keep reading so the server never
+        // blocks on a full pipe.
+        assert!(data.join("server.json").exists());
+        std::thread::spawn(move || for _ in lines {});
+        Served {
+            child,
+            _dir: dir,
+            data,
+        }
+    }
+
+    fn pooler(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+            .args(args)
+            .env("POOLER_DATA_DIR", &self.data)
+            .env_remove("POOLER_API_KEY")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        for stream in [&out.stdout, &out.stderr] {
+            assert!(
+                !text(stream).contains(KEY),
+                "pooler {args:?} printed the API key"
+            );
+        }
+        out
+    }
+
+    /// `pooler ARGS` must succeed; its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.pooler(args, None);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "pooler {args:?}\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// `pooler ARGS --json` must succeed; its JSON.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let out = self.ok(&args);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("pooler {args:?}: {e}: {out}"))
+    }
+
+    /// `pooler ARGS` must fail with exit 1; its stderr (stdout must be empty).
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.pooler(args, None);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "pooler {args:?}\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stdout), "", "pooler {args:?}");
+        text(&out.stderr)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fake Anthropic API on 127.0.0.1 that rate-limits every request for an hour; counts them.
+struct Upstream {
+    url: String,
+    requests: Arc<AtomicUsize>,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = Arc::new(AtomicUsize::new(0));
+        let count = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let count = count.clone();
+                std::thread::spawn(move || rate_limit(stream, &count));
+            }
+        });
+        Upstream { url, requests }
+    }
+}
+
+fn rate_limit(stream: TcpStream, count: &AtomicUsize) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let mut length = 0usize;
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).unwrap_or(0) == 0 {
+            return;
+        }
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':')
+            && name.trim().eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    if reader.read_exact(&mut body).is_err() {
+        return;
+    }
+    count.fetch_add(1, Ordering::SeqCst);
+    let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
+    let mut stream = stream;
+    let _ = write!(
+        stream,
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 3600\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+}
+
+/// Poll `pooler retry status --json` until it lists `thread` (the failed turn reached the
+/// plugin), with a bounded number of quick retries.
+fn wait_for_candidate(served: &Served, thread: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let status = served.json(&["retry", "status"]);
+        if let Some(c) = status["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["thread"] == thread)
+        {
+            return c.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the failed turn never became a retry candidate: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `HH:MM:SS` (UTC) of an epoch-millisecond timestamp.
+fn clock(ms: u64) -> String {
+    let s = ms / 1000 % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s % 3600 / 60, s % 60)
+}
+
+#[test]
+fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
+    let upstream = Upstream::start();
+    let served = Served::start();
+    served.ok(&["config", "set", "pool.claude-upstream-url", &upstream.url]);
+    let added = served.pooler(
+        &["account", "add", "--provider", "claude", "--api-key", "-"],
+        Some(&format!("{KEY}\n")),
+    );
+    assert_eq!(added.status.code(), Some(0), "{}", text(&added.stderr));
+
+    // Nothing is pending anywhere yet.
+    assert_eq!(
+        served.ok(&["retry", "status"]).trim(),
+        "no thread has a retry pending"
+    );
+
+    let thread = served.ok(&[
+        "thread",
+        "new",
+        "--provider",
+        "claude",
+        "Summarise README.md",
+    ]);
+    let thread = thread.trim();
+    assert!(!thread.is_empty());
+
+    // The turn fails with the upstream's 429: a retry is scheduled about an hour ahead.
+    let candidate = wait_for_candidate(&served, thread);
+    assert!(upstream.requests.load(Ordering::SeqCst) >= 1);
+    assert_eq!(candidate["state"], "scheduled", "{candidate}");
+    assert_eq!(candidate["next_attempt"], 2, "{candidate}");
+    let send_at = candidate["send_at"].as_u64().unwrap();
+    let started = candidate["chain_started_at"].as_u64().unwrap();
+    assert!(
+        send_at >= started + 3_500_000 && send_at <= started + 3_900_000,
+        "expected about an hour after the failure: {candidate}"
+    );
+    assert!(candidate["row"].as_u64().is_some(), "{candidate}");
+    let reason = candidate["reason"].as_str().unwrap();
+
+    // One thread's status, as JSON and as a table.
+    let one = served.json(&["retry", "status", thread]);
+    assert_eq!(one["candidates"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["candidates"][0], candidate);
+    let table = served.ok(&["retry", "status", thread]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 2, "{table}");
+    for column in ["THREAD", "STATE", "NEXT SEND", "REASON"] {
+        assert!(lines[0].contains(column), "{table}");
+    }
+    assert!(lines[1].starts_with(thread), "{table}");
+    assert!(
+        lines[1].contains("scheduled") && lines[1].contains("(in "),
+        "{table}"
+    );
+    assert!(lines[1].contains(reason), "{table}");
+
+    // The decision in words, and the same data as JSON.
+    let explained = served.json(&["retry", "explain", thread]);
+    assert_eq!(explained["thread"], thread);
+    let chains = explained["chains"].as_array().unwrap();
+    assert_eq!(chains.len(), 1, "{explained}");
+    let first = &chains[0]["entries"][0];
+    assert_eq!(first["trigger"]["kind"], "failure", "{explained}");
+    assert_eq!(first["action"]["kind"], "scheduled", "{explained}");
+    assert_eq!(first["action"]["at"].as_u64(), Some(send_at), "{explained}");
+    let words = served.ok(&["retry", "explain", thread]);
+    let lines: Vec<&str> = words.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{thread} — retries of request ")),
+        "{words}"
+    );
+    assert!(lines[0].ends_with(" UTC)"), "{words}");
+    let expected = format!(
+        "  {}  scheduled for {} after the turn failed",
+        clock(first["at"].as_u64().unwrap()),
+        clock(send_at)
+    );
+    assert!(
+        lines[1].starts_with(&expected),
+        "{words}\nexpected: {expected}"
+    );
+    assert!(lines[1].contains("pool blocked until "), "{words}");
+
+    // Cancel it: it is gone from the status, and the history says a person cancelled it.
+    let cancelled = served.ok(&["retry", "cancel", thread]);
+    assert!(
+        cancelled.starts_with(&format!(
+            "cancelled the retry of thread {thread} (attempt 2"
+        )),
+        "{cancelled}"
+    );
+    let status = served.json(&["retry", "status"]);
+    assert_eq!(status["candidates"], serde_json::json!([]), "{status}");
+    let words = served.ok(&["retry", "explain", thread]);
+    assert!(
+        words
+            .lines()
+            .last()
+            .unwrap()
+            .ends_with("by a person: cancelled by a person"),
+        "{words}"
+    );
+    let shown = served.json(&["thread", "show", thread]);
+    assert_eq!(shown["rows"], serde_json::json!([]), "{shown}");
+
+    // Nothing pending: said so, exit 1 — for the cancelled thread and for one never seen.
+    let expected = format!("error: thread {thread} has nothing pending");
+    assert_eq!(served.fails(&["retry", "status", thread]).trim(), expected);
+    assert_eq!(
+        served.fails(&["retry", "status", thread, "--json"]).trim(),
+        expected
+    );
+    assert_eq!(served.fails(&["retry", "cancel", thread]).trim(), expected);
+    for args in [
+        &["retry", "status", "th_never"][..],
+        &["retry", "explain", "th_never"],
+        &["retry", "explain", "th_never", "--json"],
+        &["retry", "cancel", "th_never"],
+    ] {
+        let stderr = served.fails(args);
+        assert!(
+            stderr.starts_with("error: thread th_never has nothing pending"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // No retry was sent upstream meanwhile.
+    assert_eq!(upstream.requests.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn the_retry_help_shows_every_command_with_examples() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pooler"))
+        .args(["retry", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = text(&out.stdout);
+    for word in [
+        "status",
+        "explain",
+        "cancel",
+        "send-now",
+        "opt-out",
+        "Examples:",
+        "pooler retry explain",
+        "--json",
+    ] {
+        assert!(help.contains(word), "missing {word}:\n{help}");
+    }
+}
