@@ -12,10 +12,8 @@
 //! | [`store`] | the SQLite schema: chains, processed events, history, meta |
 //! | [`ports`] | the host capabilities as traits (threads, availability, clock, log) |
 //! | [`engine`] | events, re-evaluation (spec §3), the dispatch gate, admin |
-//! | [`explain`] | a chain's history in words |
 
 pub mod engine;
-pub mod explain;
 pub mod policy;
 pub mod ports;
 pub mod settings;
