@@ -356,6 +356,19 @@ impl Pool {
             .expect("accounts.add")
     }
 
+    pub async fn remove(&self, id: &str) -> Result<(), AccountsError> {
+        let id = id.to_owned();
+        self.host
+            .host
+            .call_pool("accounts.remove", move |store, pool| {
+                Box::pin(
+                    async move { pool.pooler_plugins_accounts().call_remove(store, &id).await },
+                )
+            })
+            .await
+            .expect("accounts.remove")
+    }
+
     pub async fn enable(&self, letter: &str) -> AccountInfo {
         let id = self.id(letter);
         self.host

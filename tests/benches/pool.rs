@@ -1,0 +1,292 @@
+//! The Account Pooler benchmark (on demand, not in CI): `cargo bench -p pooler-tests --bench
+//! pool`. The real pool (embedded) with three API-key accounts in front of a fake upstream on
+//! loopback; every client keeps its own session, so after its first request each one is
+//! pinned. In the same run, the same requests go to the upstream directly and through the
+//! pass-through proxy fixture (`fixture-pool`, a fresh instance per request), so the figures
+//! are ratios against baselines of this machine at this moment:
+//!
+//! - one client, sequential: p50 and p99 latency, and the latency the pool adds over the
+//!   direct call (target: p50 added < 0.3 ms, p99 added < 1 ms);
+//! - 16 and 64 clients: requests per second (target at 64: the pool ≥ half the
+//!   pass-through fixture).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Request;
+use pooler_core::clock::SystemClock;
+use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
+use pooler_host::bindings::types::Provider;
+use pooler_host::config::Config;
+use pooler_host::imports::threads::NoCore;
+use pooler_host::runtime::{Host, HostOptions};
+use pooler_host::server::Server;
+use pooler_tests::client::TestClient;
+use pooler_tests::fixtures;
+use pooler_tests::pool::claude_body;
+use pooler_tests::upstream::FakeUpstream;
+
+const LOAD_DURATION: Duration = Duration::from_secs(3);
+
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+/// A host serving `component` on an ephemeral loopback port; returns its URL and the host.
+async fn serve(
+    component: &str,
+    data: &std::path::Path,
+) -> anyhow::Result<(String, Host, tokio::sync::oneshot::Sender<()>)> {
+    let config = Config::parse(&format!(
+        "[plugins.account-pool]\ncomponent = {component:?}\nallowed-hosts = [\"127.0.0.1\"]\n"
+    ))?;
+    let host = Host::new(HostOptions {
+        config,
+        data_dir: data.to_path_buf(),
+        clock: Arc::new(SystemClock::new()),
+        threads: Arc::new(NoCore),
+        cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
+    })?;
+    let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?).await?;
+    let url = format!("http://{}", server.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    Ok((url, host, stop))
+}
+
+/// Point the pool at `upstream`, add accounts A, B, C and open a route; the route token.
+async fn configure_pool(host: &Host, url: &str, upstream: &str) -> anyhow::Result<String> {
+    let set = |key: &'static str, value: String| {
+        host.call_pool("settings.set-setting", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_settings()
+                    .call_set_setting(store, key, &value)
+                    .await
+            })
+        })
+    };
+    set("claude-upstream-url", upstream.to_owned())
+        .await?
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for key in ["key-a", "key-b", "key-c"] {
+        let account = NewAccount {
+            provider: Provider::Claude,
+            credential: Credential::ApiKey(key.into()),
+            label: None,
+            priority: None,
+        };
+        host.call_pool("accounts.add", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_accounts()
+                    .call_add(store, &account)
+                    .await
+            })
+        })
+        .await?
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
+    let (thread, endpoint) = ("bench".to_owned(), url.to_owned());
+    let route = host
+        .call_pool("routing.open-route", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_routing()
+                    .call_open_route(store, &thread, Provider::Claude, &endpoint)
+                    .await
+            })
+        })
+        .await?
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(route.token)
+}
+
+/// Where a load goes.
+#[derive(Clone)]
+struct Target {
+    url: String,
+    /// The pool's route token, when the target is the pool.
+    token: Option<String>,
+}
+
+impl Target {
+    fn request(&self, session: &str) -> Request<Full<Bytes>> {
+        let mut builder = Request::post(&self.url)
+            .header("content-type", "application/json")
+            .header("anthropic-version", "2023-06-01")
+            .header("x-claude-code-session-id", session);
+        if let Some(token) = &self.token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        builder
+            .body(Full::new(Bytes::from(claude_body(
+                session,
+                "claude-sonnet-4-5",
+            ))))
+            .expect("a request")
+    }
+}
+
+struct Load {
+    per_second: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+async fn load(target: &Target, clients: usize) -> anyhow::Result<Load> {
+    let client = TestClient::new();
+    // Warm up: connections, the guest's code, and each client's session pin.
+    for n in 0..clients.max(8) {
+        let answer = client
+            .send(target.request(&format!("session-{}", n % clients)))
+            .await?;
+        anyhow::ensure!(
+            answer.status.is_success(),
+            "{}: {}",
+            answer.status,
+            answer.body
+        );
+    }
+    let start = Instant::now();
+    let deadline = start + LOAD_DURATION;
+    let mut tasks = Vec::new();
+    for n in 0..clients {
+        let client = client.clone();
+        let target = target.clone();
+        let session = format!("session-{n}");
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let sent = Instant::now();
+                let answer = client.send(target.request(&session)).await?;
+                anyhow::ensure!(
+                    answer.status.is_success(),
+                    "{}: {}",
+                    answer.status,
+                    answer.body
+                );
+                latencies.push(sent.elapsed());
+            }
+            Ok(latencies)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await??);
+    }
+    let elapsed = start.elapsed();
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    Ok(Load {
+        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: at(0.50),
+        p99: at(0.99),
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn run() -> anyhow::Result<()> {
+    let upstream = FakeUpstream::start().await;
+    upstream.set_recording(false);
+    let pool_data = tempfile::tempdir()?;
+    let fixture_data = tempfile::tempdir()?;
+    let (pool_url, pool_host, stop_pool) = serve("embedded", pool_data.path()).await?;
+    let (fixture_url, _fixture_host, stop_fixture) =
+        serve(fixtures::POOL, fixture_data.path()).await?;
+    let token = configure_pool(&pool_host, &pool_url, &upstream.url()).await?;
+    println!(
+        "machine: {} logical CPUs; tokio: 2 workers; {LOAD_DURATION:?} per run; POST /v1/messages (~200 B), 2-byte answers",
+        std::thread::available_parallelism()?
+    );
+
+    let direct = Target {
+        url: format!("{}/v1/messages", upstream.url()),
+        token: None,
+    };
+    let fixture = Target {
+        url: format!("{fixture_url}/proxy/{}/v1/messages", upstream.addr()),
+        token: None,
+    };
+    let pool = Target {
+        url: format!("{pool_url}/v1/messages"),
+        token: Some(token),
+    };
+
+    println!("\n## one client, sequential (ms)");
+    println!(
+        "{:<22} {:>8} {:>8} {:>12} {:>12}",
+        "", "p50", "p99", "added p50", "added p99"
+    );
+    let base = load(&direct, 1).await?;
+    println!(
+        "{:<22} {:>8.3} {:>8.3}",
+        "upstream directly",
+        ms(base.p50),
+        ms(base.p99)
+    );
+    let mut one = Vec::new();
+    for (name, target) in [("pass-through fixture", &fixture), ("account pool", &pool)] {
+        let l = load(target, 1).await?;
+        println!(
+            "{:<22} {:>8.3} {:>8.3} {:>12.3} {:>12.3}",
+            name,
+            ms(l.p50),
+            ms(l.p99),
+            ms(l.p50) - ms(base.p50),
+            ms(l.p99) - ms(base.p99)
+        );
+        one.push(l);
+    }
+    let pool_one = &one[1];
+    let added_p50 = ms(pool_one.p50) - ms(base.p50);
+    let added_p99 = ms(pool_one.p99) - ms(base.p99);
+
+    println!("\n## throughput (requests/s)");
+    println!(
+        "{:>7} | {:>10} | {:>10} | {:>10} | {:>14}",
+        "clients", "direct", "fixture", "pool", "pool/fixture"
+    );
+    let mut ratio_64 = 0.0;
+    for clients in [16, 64] {
+        let d = load(&direct, clients).await?;
+        let f = load(&fixture, clients).await?;
+        let p = load(&pool, clients).await?;
+        let ratio = p.per_second / f.per_second;
+        println!(
+            "{:>7} | {:>10.0} | {:>10.0} | {:>10.0} | {:>13.2}×",
+            clients, d.per_second, f.per_second, p.per_second, ratio
+        );
+        if clients == 64 {
+            ratio_64 = ratio;
+        }
+    }
+
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!("\n## targets");
+    println!(
+        "one client, p50 added < 0.3 ms: {added_p50:.3} ms — {}",
+        verdict(added_p50 < 0.3)
+    );
+    println!(
+        "one client, p99 added < 1 ms:   {added_p99:.3} ms — {}",
+        verdict(added_p99 < 1.0)
+    );
+    println!(
+        "64 clients, pool ≥ ½ fixture:   {ratio_64:.2}× — {}",
+        verdict(ratio_64 >= 0.5)
+    );
+
+    let _ = stop_pool.send(());
+    let _ = stop_fixture.send(());
+    Ok(())
+}

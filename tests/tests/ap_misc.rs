@@ -1,0 +1,548 @@
+//! Account Pooler scenarios (spec `account-pool.md` §11): streaming, Codex session keys,
+//! restart, availability-changed signals, admin refusals and bad input. The real pool in
+//! the real host, fake upstreams on 127.0.0.1, the manual clock.
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+    AccountStatus, AccountsError, Credential,
+};
+use pooler_host::bindings::pool::exports::pooler::plugins::routing::RoutingError;
+use pooler_host::bindings::pool::exports::pooler::plugins::settings::SettingsError;
+use pooler_host::bindings::types::Provider;
+use pooler_host::roles::Role;
+use pooler_tests::harness::START_MS;
+use pooler_tests::pool::{Pool, PoolSetup, SOON, five_hour_rejected, oauth, reply};
+use pooler_tests::upstream::{Gate, Reply};
+
+/// AP-14: streaming — an SSE response is passed through as it comes (the first event
+/// reaches the client while the upstream is still paused); an upstream break after the first
+/// event ends the stream with an SSE `error` event, and nothing is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ap14_sse_streams_through_and_a_broken_stream_ends_with_an_error_event() {
+    let pool = Pool::claude().await;
+    let gate = Gate::new();
+    pool.upstream.push(
+        Reply::sse()
+            .event("message_start", "{\"n\":1}")
+            .pause(&gate)
+            .event("message_stop", "{\"n\":2}"),
+    );
+    let response = tokio::time::timeout(SOON, pool.client.open(pool.messages("S")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(SOON, body.frame())
+        .await
+        .expect("the first event arrives while the upstream is paused")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first.data_ref().unwrap().as_ref(),
+        b"event: message_start\ndata: {\"n\":1}\n\n"
+    );
+    gate.open();
+    let rest = tokio::time::timeout(SOON, body.collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    assert_eq!(rest.as_ref(), b"event: message_stop\ndata: {\"n\":2}\n\n");
+
+    // The upstream breaks after the first event.
+    let gate = Gate::new();
+    pool.upstream.push(
+        Reply::sse()
+            .event("message_start", "{\"n\":1}")
+            .pause(&gate)
+            .disconnect(),
+    );
+    let response = tokio::time::timeout(SOON, pool.client.open(pool.messages("S")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(SOON, body.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first.data_ref().unwrap().as_ref(),
+        b"event: message_start\ndata: {\"n\":1}\n\n"
+    );
+    gate.open();
+    let rest = tokio::time::timeout(SOON, body.collect())
+        .await
+        .unwrap()
+        .expect("the stream ends cleanly, with an error event")
+        .to_bytes();
+    let rest = std::str::from_utf8(&rest).unwrap();
+    let error = rest
+        .strip_prefix("event: error\ndata: ")
+        .and_then(|e| e.strip_suffix("\n\n"))
+        .unwrap_or_else(|| panic!("not an SSE error event: {rest:?}"));
+    let error: serde_json::Value = serde_json::from_str(error).unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "api_error");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream was interrupted")
+    );
+    assert_eq!(
+        pool.seen(),
+        ["A", "A"],
+        "no second attempt after headers were sent"
+    );
+    assert_eq!(pool.pinned("S").await.as_deref(), Some("A"));
+}
+
+/// A Codex `POST /v1/responses` with these headers and body.
+fn codex_request(
+    pool: &Pool,
+    headers: &[(&str, &str)],
+    body: serde_json::Value,
+) -> hyper::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut request = pool.request("POST", "/v1/responses", body.to_string());
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            hyper::header::HeaderName::from_bytes(name.as_bytes()).expect("a header name"),
+            value.parse().expect("a header value"),
+        );
+    }
+    request
+}
+
+/// AP-17: Codex session keys — the id from the `thread-id` header, from the turn-metadata
+/// header, from the body's `client_metadata`; the `prompt_cache_key` fallback in its own
+/// `cache:` namespace (a real id wins over it); each request sent to the Codex upstream
+/// with the account's token and ChatGPT account id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ap17_codex_sessions_come_from_headers_body_and_the_cache_key_namespace() {
+    let pool = PoolSetup::new(Provider::Codex)
+        .account(oauth(Provider::Codex, "A", None))
+        .account(oauth(Provider::Codex, "B", None))
+        .start()
+        .await;
+    let plain = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({
+            "model": "gpt-5-codex", "input": [], "stream": true, "store": false,
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+
+    // Codex CLI as observed: every field names the same id.
+    let metadata = r#"{"session_id":"T1","thread_id":"T1","turn_id":"u1"}"#;
+    let request = codex_request(
+        &pool,
+        &[
+            ("thread-id", "T1"),
+            ("session-id", "T1"),
+            ("x-codex-turn-metadata", metadata),
+            ("originator", "codex_cli_rs"),
+        ],
+        plain(serde_json::json!({
+            "prompt_cache_key": "T1",
+            "client_metadata": { "session_id": "T1", "thread_id": "T1" },
+        })),
+    );
+    let answer = pool.send(request).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let sent = &pool.upstream.received()[0];
+    assert_eq!(sent.path, "/backend-api/codex/responses");
+    assert_eq!(sent.header("authorization"), Some("Bearer tok-a"));
+    assert_eq!(sent.header("chatgpt-account-id"), Some("acct-a"));
+    assert_eq!(sent.header("thread-id"), Some("T1"));
+    assert_eq!(sent.header("originator"), Some("codex_cli_rs"));
+    let t1 = pool.explain("T1").await.unwrap();
+    assert_eq!(t1.key, "session:T1");
+    assert_eq!(t1.account, Some(pool.id("A")));
+    assert_eq!(pool.pinned("cache:T1").await, None);
+
+    // Only the turn-metadata header; only the body's client metadata.
+    let only_header = r#"{"thread_id":"T2","turn_id":"u2"}"#;
+    let request = codex_request(
+        &pool,
+        &[("x-codex-turn-metadata", only_header)],
+        plain(serde_json::json!({})),
+    );
+    assert_eq!(pool.send(request).await.status, 200);
+    assert_eq!(pool.pinned("T2").await.as_deref(), Some("A"));
+    let request = codex_request(
+        &pool,
+        &[],
+        plain(serde_json::json!({ "client_metadata": { "session_id": "T3" } })),
+    );
+    assert_eq!(pool.send(request).await.status, 200);
+    assert_eq!(pool.pinned("session:T3").await.as_deref(), Some("A"));
+
+    // Only a prompt cache key: its own namespace.
+    let request = codex_request(
+        &pool,
+        &[],
+        plain(serde_json::json!({ "prompt_cache_key": "K4" })),
+    );
+    assert_eq!(pool.send(request).await.status, 200);
+    let k4 = pool.explain("cache:K4").await.unwrap();
+    assert_eq!(k4.key, "cache:K4");
+    assert_eq!(k4.account, Some(pool.id("A")));
+    assert_eq!(pool.pinned("K4").await, None, "session:K4 is another key");
+
+    // A real id beside a cache key: the id wins.
+    let request = codex_request(
+        &pool,
+        &[("session-id", "T5")],
+        plain(serde_json::json!({ "prompt_cache_key": "K5" })),
+    );
+    assert_eq!(pool.send(request).await.status, 200);
+    assert_eq!(pool.pinned("T5").await.as_deref(), Some("A"));
+    assert_eq!(pool.pinned("cache:K5").await, None);
+
+    // The keys route: after A's token is refused for good (its refresh refused too) T1
+    // moves to B.
+    assert_eq!(pool.seen(), ["A", "A", "A", "A", "A"]);
+    pool.upstream.push(reply(401, &[]));
+    pool.tokens.push(reply(400, &[]));
+    let request = codex_request(&pool, &[("thread-id", "T1")], plain(serde_json::json!({})));
+    assert_eq!(pool.send(request).await.status, 200);
+    assert_eq!(pool.seen_after(5), ["A", "B"]);
+    assert_eq!(pool.pinned("T1").await.as_deref(), Some("B"));
+    assert_eq!(pool.account("A").await.status, AccountStatus::Error);
+}
+
+/// AP-20: restart — pins, the cursor, holds and quota observations survive a restart of
+/// the host on the same data directory (and so do route tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ap20_pins_cursor_holds_and_quota_survive_a_restart() {
+    let mut pool = Pool::claude().await;
+    // A's shared window is exhausted for 10 min: S and the cursor move to B.
+    pool.upstream
+        .push(reply(429, &five_hour_rejected(Some(START_MS + 600_000))));
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    // B gets a 5 min hold: S detours to C.
+    pool.upstream
+        .push(reply(429, &[("retry-after".into(), "300".into())]));
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.seen(), ["A", "B", "B", "C"]);
+
+    pool.restart().await;
+
+    let a = pool.account("A").await;
+    assert_eq!(a.status, AccountStatus::Exhausted);
+    assert_eq!(a.blocking_reset, Some(START_MS + 600_000));
+    let b = pool.account("B").await;
+    assert_eq!(b.status, AccountStatus::Held);
+    assert_eq!(b.held_until, Some(START_MS + 300_000));
+    let explained = pool.explain("S").await.unwrap();
+    assert_eq!(explained.account, Some(pool.id("B")));
+    assert_eq!(explained.why, "pinned on first success");
+    let outcomes: Vec<&str> = explained
+        .recent
+        .iter()
+        .map(|r| r.outcome.as_str())
+        .collect();
+    assert_eq!(outcomes, ["quota", "served", "hold", "detour"]);
+
+    // The route token still works; the hold and the quota still steer requests.
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.send(pool.messages("new-1")).await.status, 200);
+    assert_eq!(pool.seen_after(4), ["C", "C"]);
+    // The hold is over: the cursor (B) takes new conversations.
+    pool.host.clock.set(START_MS + 301_000);
+    assert_eq!(pool.send(pool.messages("new-2")).await.status, 200);
+    // A's window reset: without the cursor a new conversation would start on A.
+    pool.host.clock.set(START_MS + 601_000);
+    assert_eq!(pool.send(pool.messages("new-3")).await.status, 200);
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.seen_after(6), ["B", "B", "B"]);
+}
+
+/// The listener's record: (deliveries so far, causes of the last one, its provider).
+async fn deliveries(pool: &Pool) -> (u32, String, String) {
+    pool.host.host.availability_changes_settled().await;
+    let get = |key: &'static str| pool.host.setting(Role::ProviderRetry, key);
+    (
+        get("deliveries")
+            .await
+            .map_or(0, |n| n.parse().expect("a count")),
+        get("causes").await.unwrap_or_default(),
+        get("provider").await.unwrap_or_default(),
+    )
+}
+
+/// AP-22: signals — adding, enabling, clearing an error, changing the threshold and a reset
+/// time passing each reach the listener as one coalesced `availability-changed` for
+/// Claude; several events before a delivery become one with each cause once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ap22_each_availability_change_reaches_the_listener_once_coalesced() {
+    let pool = PoolSetup::claude_keys(3).with_listener().start().await;
+    let (mut count, _, _) = deliveries(&pool).await;
+    assert!(count >= 1, "setting up the pool was signalled");
+
+    // Adding (and removing).
+    let d = pool.add(Credential::ApiKey("key-d".into())).await.unwrap();
+    expect_one(&pool, &mut count, "ChangeCause::AccountAdded").await;
+    pool.remove(&d.id).await.unwrap();
+    expect_one(&pool, &mut count, "ChangeCause::AccountRemoved").await;
+
+    // Enabling (after disabling).
+    pool.disable("A").await;
+    expect_one(&pool, &mut count, "ChangeCause::AccountDisabled").await;
+    pool.enable("A").await;
+    expect_one(&pool, &mut count, "ChangeCause::AccountEnabled").await;
+
+    // Two accounts refuse their keys (two events), delivered on the next tick as one.
+    pool.upstream.push(reply(401, &[]));
+    pool.upstream.push(reply(401, &[]));
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.seen(), ["A", "B", "C"]);
+    pool.tick().await;
+    expect_one(&pool, &mut count, "ChangeCause::ErrorSet").await;
+    // Clearing an error (a person re-enables the account).
+    pool.enable("A").await;
+    expect_one(
+        &pool,
+        &mut count,
+        "ChangeCause::AccountEnabled,ChangeCause::ErrorCleared",
+    )
+    .await;
+
+    // Changing the threshold: it applies to both providers, so each gets one signal (the
+    // listener keeps the last); setting it to its current value changes nothing.
+    pool.set("switch-threshold", "0.9").await.unwrap();
+    let (now, causes, _) = deliveries(&pool).await;
+    assert_eq!(
+        (now - count, causes.as_str()),
+        (2, "ChangeCause::ConfigChanged")
+    );
+    count = now;
+    pool.set("switch-threshold", "0.9").await.unwrap();
+    assert_eq!(deliveries(&pool).await.0, count);
+
+    // A reset time passing: C's window is exhausted for 60 s (observed by a request,
+    // delivered on the next tick), then the tick after the reset reports it.
+    pool.upstream
+        .push(reply(429, &five_hour_rejected(Some(START_MS + 60_000))));
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.seen_after(3), ["C", "A"]);
+    pool.tick().await;
+    expect_one(&pool, &mut count, "ChangeCause::LaterResetObserved").await;
+    pool.tick().await;
+    assert_eq!(
+        deliveries(&pool).await.0,
+        count,
+        "a quiet tick signals nothing"
+    );
+    pool.advance(Duration::from_secs(61));
+    pool.tick().await;
+    expect_one(&pool, &mut count, "ChangeCause::ResetPassed").await;
+}
+
+/// Exactly one more delivery happened, for Claude, with these causes.
+async fn expect_one(pool: &Pool, count: &mut u32, causes: &str) {
+    let (now, got, provider) = deliveries(pool).await;
+    assert_eq!((now - *count, got.as_str()), (1, causes));
+    assert_eq!(provider, "Provider::Claude");
+    *count = now;
+}
+
+/// AP-23: admin refusals — reorder refuses an incomplete, duplicate or unknown list and
+/// changes nothing; invalid settings are refused by name with the accepted range and change
+/// nothing; listing never shows a secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ap23_admin_refuses_bad_orders_and_settings_and_never_shows_a_secret() {
+    let pool = PoolSetup::claude_keys(3)
+        .account(oauth(Provider::Claude, "D", Some(START_MS + 3_600_000)))
+        .start()
+        .await;
+    let ids = pool.ids.clone();
+    let (a, b, c, d) = (&ids[0], &ids[1], &ids[2], &ids[3]);
+    let refused = |result: Result<_, AccountsError>| match result {
+        Err(AccountsError::InvalidOrder(text)) => text,
+        other => panic!("not refused: {other:?}"),
+    };
+    let text = refused(pool.reorder(vec![a.clone(), b.clone(), c.clone()]).await);
+    assert!(text.contains(&format!("missing {d}")), "{text}");
+    let text = refused(
+        pool.reorder(vec![a.clone(), a.clone(), b.clone(), c.clone(), d.clone()])
+            .await,
+    );
+    assert!(text.contains(&format!("duplicate {a}")), "{text}");
+    let text = refused(
+        pool.reorder(vec![
+            a.clone(),
+            b.clone(),
+            c.clone(),
+            d.clone(),
+            "nope".into(),
+        ])
+        .await,
+    );
+    assert!(text.contains("unknown nope"), "{text}");
+    let order = |list: Vec<
+        pooler_host::bindings::pool::exports::pooler::plugins::accounts::AccountInfo,
+    >| {
+        list.into_iter()
+            .map(|a| (a.id, a.priority))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        order(pool.list().await),
+        [
+            (a.clone(), 0),
+            (b.clone(), 0),
+            (c.clone(), 0),
+            (d.clone(), 0)
+        ]
+    );
+    // A complete list is taken, and the order decides where a new conversation starts.
+    let listed = pool
+        .reorder(vec![c.clone(), a.clone(), d.clone(), b.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        order(listed),
+        [
+            (c.clone(), 0),
+            (a.clone(), 1),
+            (d.clone(), 2),
+            (b.clone(), 3)
+        ]
+    );
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.seen(), ["C"]);
+
+    // Invalid settings: refused by name, with the accepted values; nothing changes.
+    for (key, value, accepted) in [
+        ("switch-threshold", "1.5", "a fraction > 0 and ≤ 1"),
+        ("switch-threshold", "0", "a fraction > 0 and ≤ 1"),
+        ("inline-wait", "10m", "from 0s to 5m"),
+        ("transient-retries", "11", "from 0 to 10"),
+        ("transient-backoff", "250ms,2m", "each from 0s to 1m"),
+        ("pin-lifetime", "0s", "from 1s to 7d"),
+        (
+            "claude-upstream-url",
+            "ftp://example.com",
+            "an absolute http(s) URL",
+        ),
+        ("claude-routing", "maybe", "on or off"),
+    ] {
+        let before = pool.get(key).await;
+        match pool.set(key, value).await {
+            Err(SettingsError::InvalidValue(refusal)) => {
+                assert_eq!(refusal.key, key);
+                assert_eq!(refusal.value, value);
+                assert!(
+                    refusal.accepted.contains(accepted),
+                    "{key}: {}",
+                    refusal.accepted
+                );
+            }
+            other => panic!("{key} = {value} was not refused: {other:?}"),
+        }
+        assert_eq!(pool.get(key).await, before, "{key} changed");
+    }
+    assert!(matches!(
+        pool.set("no-such-setting", "1").await,
+        Err(SettingsError::UnknownKey(key)) if key == "no-such-setting"
+    ));
+    assert_eq!(pool.get("switch-threshold").await, "0.98");
+
+    // Listing shows hints, never a secret.
+    let listed = pool.list().await;
+    let shown = format!("{listed:?}");
+    for secret in ["key-a", "key-b", "key-c", "tok-d", "refresh-d"] {
+        assert!(!shown.contains(secret), "{secret} is listed: {shown}");
+    }
+    let hints: Vec<&str> = listed.iter().map(|a| a.secret_hint.as_str()).collect();
+    assert_eq!(hints, ["…ey-c", "…ey-a", "oauth", "…ey-b"]);
+}
+
+/// AP-24: bad input — a non-JSON body and invalid session ids are forwarded as session-less
+/// requests; an oversized body, unknown paths, a wrong method and a route of the other
+/// provider get a clear error in Claude's shape from the pool without reaching an
+/// upstream; and the pool keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ap24_bad_input_gets_a_clear_answer_and_the_pool_keeps_serving() {
+    let pool = Pool::claude().await;
+
+    // Not JSON: forwarded as is, session-less.
+    let answer = pool
+        .send(pool.request("POST", "/v1/messages", "this is {not json"))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        pool.upstream.received()[0].body.as_ref(),
+        b"this is {not json"
+    );
+
+    // Invalid session ids: forwarded session-less (no pin, no 500).
+    let long = "x".repeat(513);
+    for id in ["", "   ", "a\u{1}b", long.as_str()] {
+        let answer = pool
+            .send(pool.request(
+                "POST",
+                "/v1/messages",
+                pooler_tests::pool::claude_body(id, pooler_tests::pool::SONNET),
+            ))
+            .await;
+        assert_eq!(answer.status, 200, "{id:?}: {}", answer.body);
+    }
+    assert_eq!(pool.hits(), 5);
+    assert!(matches!(
+        pool.explain(&long).await,
+        Err(RoutingError::InvalidSession(_))
+    ));
+
+    let pool_error = |answer: &pooler_tests::client::Answer, status: u16, kind: &str| {
+        assert_eq!(answer.status, status, "{}", answer.body);
+        assert_eq!(answer.header("x-pooler-origin"), Some("pool"));
+        let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(body["type"], "error", "{}", answer.body);
+        assert_eq!(body["error"]["type"], kind, "{}", answer.body);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    };
+    // Oversized body.
+    pool.set("max-request-body", "1024").await.unwrap();
+    let big = pool.request("POST", "/v1/messages", vec![b'x'; 2048]);
+    pool_error(&pool.send(big).await, 413, "request_too_large");
+    // Unknown paths, a wrong method, the other provider's endpoint.
+    pool_error(
+        &pool.send(pool.request("POST", "/v1/complete", "{}")).await,
+        404,
+        "not_found_error",
+    );
+    pool_error(
+        &pool
+            .send(pool.request("POST", "/v1/messages/batches", "{}"))
+            .await,
+        404,
+        "not_found_error",
+    );
+    let wrong_method = pool.send(pool.request("GET", "/v1/messages", "")).await;
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(wrong_method.header("x-pooler-origin"), Some("pool"));
+    let other = pool.send(pool.request("POST", "/v1/responses", "{}")).await;
+    assert_eq!(other.status, 401, "a Claude route does not open Codex");
+    assert_eq!(other.header("x-pooler-origin"), Some("pool"));
+    assert_eq!(pool.hits(), 5, "none of these reached the upstream");
+
+    // Still serving.
+    let answer = pool.send(pool.messages("S")).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(pool.hits(), 6);
+}
