@@ -131,6 +131,12 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
     conn.busy_handler(Some(wait_for_lock)).map_err(map_error)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(map_error)?;
+    // In WAL mode, NORMAL syncs at checkpoints instead of on every commit: a crash of the
+    // host or the plugin loses nothing and the database stays consistent; only a power
+    // loss can drop the last transactions. FULL cost an fsync per commit, and a pooled
+    // request commits several times (pins, cursor, observations).
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(map_error)?;
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(map_error)?;
     Ok(conn)
