@@ -10,6 +10,10 @@ use std::path::PathBuf;
 /// The fixtures: (const name in `support::fixtures`, package). One line per fixture.
 const FIXTURES: &[(&str, &str)] = &[("POOL", "fixture-pool"), ("RETRY", "fixture-retry")];
 
+/// The alternative Provider Retry of the swap scenario (PR-20): a separate guest workspace
+/// under `fixtures/alt-retry`.
+const ALT_RETRY: (&str, &str) = ("ALT_RETRY", "alt-retry");
+
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=../host/guest_build.rs");
@@ -33,8 +37,24 @@ fn main() {
         &[root.join("wit")],
     );
 
+    // The alternative Provider Retry (PR-20) is its own guest workspace, built the same way.
+    let alt = Guest {
+        package: ALT_RETRY.1,
+        dir: fixtures.join("alt-retry"),
+    };
+    let alt_paths = build_guests(
+        "alt-retry",
+        &alt.dir.join("Cargo.toml"),
+        std::slice::from_ref(&alt),
+        &[root.join("wit")],
+    );
+
     let mut code = String::new();
-    for ((name, package), path) in FIXTURES.iter().zip(&paths) {
+    for ((name, package), path) in FIXTURES
+        .iter()
+        .chain(std::iter::once(&ALT_RETRY))
+        .zip(paths.iter().chain(&alt_paths))
+    {
         code.push_str(&format!(
             "/// The `{package}` component.\npub const {name}: &str = {};\n",
             literal(path)

@@ -27,7 +27,12 @@ use std::time::Duration;
 
 use pooler_core::clock::{Clock, ManualClock};
 use pooler_core::{Core, Provider, QueuedRow, ThreadShow, TurnRecord};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
+use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+    AccountInfo, Credential, NewAccount,
+};
+use pooler_host::bindings::retry::exports::pooler::plugins::retry_admin::{
+    Candidate, ChainHistory,
+};
 use pooler_host::bindings::types as wit;
 use pooler_host::config::Config;
 use pooler_host::core_link::{CoreLink, CoreOptions};
@@ -37,7 +42,7 @@ use pooler_host::server::Server;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 
-use crate::fixtures::{COMPILE_CACHE, RETRY};
+use crate::fixtures::{ALT_RETRY, COMPILE_CACHE, RETRY};
 use crate::harness::{START_MS, Setup};
 use crate::upstream::{FakeUpstream, Reply};
 
@@ -74,6 +79,8 @@ pub fn failure(status: u16) -> Reply {
 enum RetryRole {
     Fixture,
     Embedded,
+    /// The alternative Provider Retry of `fixtures/alt-retry`, loaded by configuration.
+    Alternative,
 }
 
 /// How to build a [`CoreHost`].
@@ -103,6 +110,12 @@ impl CoreSetup {
         self
     }
 
+    /// The alternative Provider Retry (`fixtures/alt-retry`) instead of the fixture.
+    pub fn alt_retry(mut self) -> Self {
+        self.retry = RetryRole::Alternative;
+        self
+    }
+
     /// A line of the `[core]` table (e.g. `concurrency-limit = 1`).
     pub fn core(mut self, line: &str) -> Self {
         self.core.push_str(line);
@@ -116,6 +129,7 @@ impl CoreSetup {
         let setup = match self.retry {
             RetryRole::Fixture => setup.role(Role::ProviderRetry, RETRY, ""),
             RetryRole::Embedded => setup.embedded(Role::ProviderRetry, ""),
+            RetryRole::Alternative => setup.role(Role::ProviderRetry, ALT_RETRY, ""),
         };
         let setup = setup.config(&format!("[core]\n{}", self.core));
         Config::parse(&setup.toml()).expect("a valid test configuration")
@@ -151,17 +165,7 @@ impl CoreSetup {
             label: None,
             priority: None,
         };
-        h.host
-            .call_pool("accounts.add", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_accounts()
-                        .call_add(store, &account)
-                        .await
-                })
-            })
-            .await
-            .expect("the pool answers")
-            .expect("the pool adds the account");
+        h.add_account(account).await;
         h.settle().await;
         h
     }
@@ -319,6 +323,123 @@ impl CoreHost {
             .await
             .expect("the pool answers")
             .expect("the pool takes the setting");
+    }
+
+    /// Add an account to the pool through its accounts export (as `pooler account add`).
+    pub async fn add_account(&self, account: NewAccount) -> AccountInfo {
+        self.host
+            .call_pool("accounts.add", move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_accounts()
+                        .call_add(store, &account)
+                        .await
+                })
+            })
+            .await
+            .expect("the pool answers")
+            .expect("the pool adds the account")
+    }
+
+    /// Add a Claude API-key account with `key`.
+    pub async fn add_claude_key(&self, key: &str) -> AccountInfo {
+        self.add_account(NewAccount {
+            provider: wit::Provider::Claude,
+            credential: Credential::ApiKey(key.into()),
+            label: None,
+            priority: None,
+        })
+        .await
+    }
+
+    /// Enable an account through the pool's accounts export (as `pooler account enable`).
+    pub async fn enable_account(&self, id: &str) -> AccountInfo {
+        let id = id.to_string();
+        self.host
+            .call_pool("accounts.enable", move |store, pool| {
+                Box::pin(
+                    async move { pool.pooler_plugins_accounts().call_enable(store, &id).await },
+                )
+            })
+            .await
+            .expect("the pool answers")
+            .expect("the pool enables the account")
+    }
+
+    /// Disable an account through the pool's accounts export (as `pooler account disable`).
+    pub async fn disable_account(&self, id: &str) -> AccountInfo {
+        let id = id.to_string();
+        self.host
+            .call_pool("accounts.disable", move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_accounts()
+                        .call_disable(store, &id)
+                        .await
+                })
+            })
+            .await
+            .expect("the pool answers")
+            .expect("the pool disables the account")
+    }
+
+    /// The pool's accounts (all providers).
+    pub async fn accounts(&self) -> Vec<AccountInfo> {
+        self.host
+            .call_pool("accounts.list-accounts", move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_accounts()
+                        .call_list_accounts(store, None)
+                        .await
+                })
+            })
+            .await
+            .expect("the pool answers")
+            .expect("the pool lists its accounts")
+    }
+
+    /// The pool's maintenance tick at the host clock's time (as `pooler serve` runs every
+    /// `maintenance.interval-s`): it delivers the availability changes the pool noted while
+    /// serving requests, coalesced. Then settle.
+    pub async fn maintenance_tick(&self) {
+        self.host
+            .maintenance_tick(self.now())
+            .await
+            .expect("the pool answers")
+            .expect("the maintenance tick succeeds");
+        self.settle().await;
+    }
+
+    /// The retry plugin's `retry-admin.explain` of `thread` (as `pooler retry explain`).
+    pub async fn explain(&self, thread: &str) -> Vec<ChainHistory> {
+        let thread = thread.to_string();
+        self.host
+            .call_retry("retry-admin.explain", move |store, retry| {
+                Box::pin(async move {
+                    retry
+                        .pooler_plugins_retry_admin()
+                        .call_explain(store, &thread)
+                        .await
+                })
+            })
+            .await
+            .expect("the retry plugin answers")
+            .expect("the retry plugin explains the thread")
+    }
+
+    /// The retry plugin's open candidates (`retry-admin.status`), of one thread or all.
+    pub async fn candidates(&self, thread: Option<&str>) -> Vec<Candidate> {
+        let thread = thread.map(str::to_string);
+        self.host
+            .call_retry("retry-admin.status", move |store, retry| {
+                Box::pin(async move {
+                    retry
+                        .pooler_plugins_retry_admin()
+                        .call_status(store, thread.as_ref())
+                        .await
+                })
+            })
+            .await
+            .expect("the retry plugin answers")
+            .expect("the retry plugin lists its candidates")
     }
 
     /// A new Claude thread with a route through the pool.

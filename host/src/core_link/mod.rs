@@ -924,18 +924,28 @@ async fn due_loop(inner: Arc<Inner>) {
         a.outbox_dirty = true;
     });
     let clock = inner.core.clock().clone();
+    // When the last pass began (the first pass is already asked for by `due_dirty`).
+    let mut passed_at = clock.now_ms();
     loop {
-        let now = clock.now_ms();
-        // A past send time belongs to a row that is not claimable now (its thread runs a
-        // turn); the turn's end pokes the loop, so only future times are slept for.
+        // A send time the last pass already saw belongs to a row that was not claimable
+        // (its thread runs a turn); the turn's end pokes the loop, so it is not slept for.
+        // A later one is, even if the clock has passed it since (a timer for the past
+        // fires at once): filtering by the current time would strand a row that came due
+        // between the pass and this line.
         let next = match inner.core.next_due_at() {
-            Ok(next) => next.filter(|t| *t > now),
+            Ok(next) => next.filter(|t| *t > passed_at),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the queue; looking again in 60 s");
-                Some(now + 60_000)
+                Some(clock.now_ms() + 60_000)
             }
         };
-        inner.signals.modify(|a| a.due_next = next);
+        // `due_busy` stays set from the pass until its timer is armed here: in between,
+        // `settled` must not see an idle loop while a future row exists (a clock moved past
+        // that row would then go unnoticed by a test waiting for it).
+        inner.signals.modify(|a| {
+            a.due_next = next;
+            a.due_busy = false;
+        });
         let timer = async {
             match next {
                 Some(at) => clock.sleep_until(at).await,
@@ -955,10 +965,11 @@ async fn due_loop(inner: Arc<Inner>) {
             a.due_busy = true;
             a.due_next = None;
         });
+        passed_at = clock.now_ms();
         if let Ok(host) = inner.host() {
             inner.due_pass(&host).await;
         }
-        inner.signals.modify(|a| a.due_busy = false);
+        // `due_busy` is cleared when the next timer is armed, at the top of the loop.
     }
 }
 
@@ -995,6 +1006,9 @@ async fn outbox_loop(inner: Arc<Inner>) {
         };
         inner.signals.modify(|a| {
             a.outbox_busy = false;
+            // Armed in the same step, so `settled` never sees an idle loop that still has a
+            // redelivery to wait for.
+            a.outbox_next = next_retry;
             // An immediate redelivery is due now: look again at once.
             if next_retry.is_some_and(|at| at <= clock.now_ms()) {
                 a.outbox_dirty = true;
