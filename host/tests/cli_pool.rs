@@ -8,160 +8,17 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
+mod support;
+use support::{Served, text};
+
 const KEY_A: &str = "sk-ant-api03-first-secret-AAAA";
 const KEY_B: &str = "sk-ant-api03-second-secret-BBBB";
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A `pooler serve` on a free loopback port with its own data directory.
-struct Served {
-    child: Child,
-    _dir: tempfile::TempDir,
-    data: PathBuf,
-    url: String,
-}
-
-impl Served {
-    fn start() -> Served {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let config = dir.path().join("pooler.toml");
-        // No allowed-hosts: the pool starts with the real provider hosts only, and may reach
-        // the loopback fake only because a test sets the upstream URL through the CLI.
-        std::fs::write(
-            &config,
-            "[plugins.account-pool]\ncomponent = \"embedded\"\n",
-        )
-        .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(&data)
-            .env_remove("POOLER_DATA_DIR")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
-        let url = first
-            .strip_prefix("pooler listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-            .to_string();
-        // Keep reading so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Served {
-            child,
-            _dir: dir,
-            data,
-            url,
-        }
-    }
-
-    /// Run `pooler ARGS` against this server (its data directory from the environment).
-    fn pooler(&self, args: &[&str]) -> Output {
-        self.pooler_with(args, &[], None)
-    }
-
-    fn pooler_with(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pooler"));
-        command
-            .args(args)
-            .env("POOLER_DATA_DIR", &self.data)
-            .env_remove("POOLER_API_KEY")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).unwrap();
-        }
-        drop(input);
-        child.wait_with_output().unwrap()
-    }
-
-    /// `pooler ARGS` must succeed; its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.pooler(args);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "pooler {args:?}\nstdout: {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    }
-
-    /// `pooler ARGS --json` must succeed; its JSON.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut args = args.to_vec();
-        args.push("--json");
-        serde_json::from_str(&self.ok(&args)).unwrap()
-    }
-
-    /// `pooler ARGS` must fail with `code`; its stderr.
-    fn fails(&self, args: &[&str], code: i32) -> String {
-        let out = self.pooler(args);
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "pooler {args:?}\nstdout: {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        text(&out.stderr)
-    }
-
-    fn addr(&self) -> &str {
-        self.url.strip_prefix("http://").unwrap()
-    }
-
-    fn admin_token(&self) -> String {
-        std::fs::read_to_string(self.data.join("admin-token")).unwrap()
-    }
-
-    /// SIGTERM, and the exit code.
-    fn stop(mut self) -> Option<i32> {
-        let killed = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "pooler did not stop"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// One request as the fake upstream saw it.
 #[derive(Debug, Clone)]

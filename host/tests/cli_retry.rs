@@ -12,133 +12,18 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod support;
+use support::{Served, text};
+
 const KEY: &str = "sk-ant-api03-retry-secret-ZZZZ";
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A `pooler serve` on a free loopback port with its own data directory.
-struct Served {
-    child: Child,
-    _dir: tempfile::TempDir,
-    data: PathBuf,
-}
-
-impl Served {
-    fn start() -> Served {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let config = dir.path().join("pooler.toml");
-        std::fs::write(
-            &config,
-            "[plugins.account-pool]\nallowed-hosts = [\"127.0.0.1\"]\n",
-        )
-        .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(&data)
-            .env_remove("POOLER_DATA_DIR")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
-        assert!(
-            first.starts_with("pooler listening on "),
-            "unexpected first line: {first}"
-        );
-        // `server.json` is written before the first line; keep reading so the server never
-        // blocks on a full pipe.
-        assert!(data.join("server.json").exists());
-        std::thread::spawn(move || for _ in lines {});
-        Served {
-            child,
-            _dir: dir,
-            data,
-        }
-    }
-
-    fn pooler(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
-            .args(args)
-            .env("POOLER_DATA_DIR", &self.data)
-            .env_remove("POOLER_API_KEY")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).unwrap();
-        }
-        drop(input);
-        let out = child.wait_with_output().unwrap();
-        for stream in [&out.stdout, &out.stderr] {
-            assert!(
-                !text(stream).contains(KEY),
-                "pooler {args:?} printed the API key"
-            );
-        }
-        out
-    }
-
-    /// `pooler ARGS` must succeed; its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.pooler(args, None);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "pooler {args:?}\nstdout: {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    }
-
-    /// `pooler ARGS --json` must succeed; its JSON.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut args = args.to_vec();
-        args.push("--json");
-        let out = self.ok(&args);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("pooler {args:?}: {e}: {out}"))
-    }
-
-    /// `pooler ARGS` must fail with exit 1; its stderr (stdout must be empty).
-    fn fails(&self, args: &[&str]) -> String {
-        let out = self.pooler(args, None);
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "pooler {args:?}\nstdout: {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        assert_eq!(text(&out.stdout), "", "pooler {args:?}");
-        text(&out.stderr)
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A fake Anthropic API on 127.0.0.1 that rate-limits every request for an hour; counts them.
 struct Upstream {
     url: String,
     requests: Arc<AtomicUsize>,
@@ -229,10 +114,11 @@ fn clock(ms: u64) -> String {
 #[test]
 fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
     let upstream = Upstream::start();
-    let served = Served::start();
+    let served = Served::start().never_prints(KEY);
     served.ok(&["config", "set", "pool.claude-upstream-url", &upstream.url]);
-    let added = served.pooler(
+    let added = served.pooler_with(
         &["account", "add", "--provider", "claude", "--api-key", "-"],
+        &[],
         Some(&format!("{KEY}\n")),
     );
     assert_eq!(added.status.code(), Some(0), "{}", text(&added.stderr));
@@ -335,19 +221,27 @@ fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
 
     // Nothing pending: said so, exit 1 — for the cancelled thread and for one never seen.
     let expected = format!("error: thread {thread} has nothing pending");
-    assert_eq!(served.fails(&["retry", "status", thread]).trim(), expected);
     assert_eq!(
-        served.fails(&["retry", "status", thread, "--json"]).trim(),
+        served.fails(&["retry", "status", thread], 1).trim(),
         expected
     );
-    assert_eq!(served.fails(&["retry", "cancel", thread]).trim(), expected);
+    assert_eq!(
+        served
+            .fails(&["retry", "status", thread, "--json"], 1)
+            .trim(),
+        expected
+    );
+    assert_eq!(
+        served.fails(&["retry", "cancel", thread], 1).trim(),
+        expected
+    );
     for args in [
         &["retry", "status", "th_never"][..],
         &["retry", "explain", "th_never"],
         &["retry", "explain", "th_never", "--json"],
         &["retry", "cancel", "th_never"],
     ] {
-        let stderr = served.fails(args);
+        let stderr = served.fails(args, 1);
         assert!(
             stderr.starts_with("error: thread th_never has nothing pending"),
             "{args:?}: {stderr}"

@@ -1,0 +1,185 @@
+//! A real `pooler serve` process for the command-line tests: its own data directory, a free
+//! loopback port, the embedded plugins and no extra allowed hosts (a test reaches its fake
+//! upstream only by setting the upstream URL through the CLI, as a user would), and helpers
+//! that run `pooler` commands against it.
+
+// Each test file uses part of this module.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Bytes as text, for messages and assertions.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A running `pooler serve`; killed when dropped.
+pub struct Served {
+    child: Child,
+    _dir: tempfile::TempDir,
+    /// Its data directory.
+    pub data: PathBuf,
+    /// Where it listens (`http://127.0.0.1:PORT`).
+    pub url: String,
+    /// Strings no command may ever print (secrets).
+    secrets: Vec<String>,
+}
+
+impl Served {
+    pub fn start() -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("pooler.toml");
+        std::fs::write(
+            &config,
+            "[plugins.account-pool]\ncomponent = \"embedded\"\n",
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            .env_remove("POOLER_DATA_DIR")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let url = first
+            .strip_prefix("pooler listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_string();
+        // `server.json` is written before the first line.
+        assert!(data.join("server.json").exists());
+        // Keep reading so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Served {
+            child,
+            _dir: dir,
+            data,
+            url,
+            secrets: Vec::new(),
+        }
+    }
+
+    /// Fail any command that prints `secret`, on standard output or error.
+    pub fn never_prints(mut self, secret: &str) -> Self {
+        self.secrets.push(secret.to_string());
+        self
+    }
+
+    /// Run `pooler ARGS` against this server (its data directory from the environment).
+    pub fn pooler(&self, args: &[&str]) -> Output {
+        self.pooler_with(args, &[], None)
+    }
+
+    /// `pooler ARGS` with more environment and, optionally, standard input.
+    pub fn pooler_with(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pooler"));
+        command
+            .args(args)
+            .env("POOLER_DATA_DIR", &self.data)
+            .env_remove("POOLER_API_KEY")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        for secret in &self.secrets {
+            for stream in [&out.stdout, &out.stderr] {
+                assert!(
+                    !text(stream).contains(secret.as_str()),
+                    "pooler {args:?} printed a secret"
+                );
+            }
+        }
+        out
+    }
+
+    /// `pooler ARGS` must succeed; its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.pooler(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "pooler {args:?}\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// `pooler ARGS --json` must succeed; its JSON.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let out = self.ok(&args);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("pooler {args:?}: {e}: {out}"))
+    }
+
+    /// `pooler ARGS` must fail with `code` and print nothing on stdout; its stderr.
+    pub fn fails(&self, args: &[&str], code: i32) -> String {
+        let out = self.pooler(args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "pooler {args:?}\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stdout), "", "pooler {args:?} printed on stdout");
+        text(&out.stderr)
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> &str {
+        self.url.strip_prefix("http://").unwrap()
+    }
+
+    /// The admin token the server wrote.
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.data.join("admin-token")).unwrap()
+    }
+
+    /// SIGTERM, and the exit code.
+    pub fn stop(mut self) -> Option<i32> {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "pooler did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
