@@ -142,21 +142,20 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
     Ok(conn)
 }
 
-/// SQLite's busy handler: sleep a little (the schedule of SQLite's own busy timeout) and
-/// try again, for at most [`BUSY_TIMEOUT`] in all. On a multi-threaded tokio runtime the
-/// sleep happens in `block_in_place`, so the worker's other tasks (the lock holder among
-/// them) keep running meanwhile. Only contended calls get here.
+/// SQLite's busy handler: sleep a little and try again, for at most [`BUSY_TIMEOUT`] in all.
+/// On a multi-threaded tokio runtime the sleep happens in `block_in_place`, so the worker's
+/// other tasks (the lock holder among them) keep running meanwhile. Only contended calls get
+/// here.
+///
+/// The waits start at 50 µs and double up to 10 ms. Plugin transactions last tens of
+/// microseconds, and the usual contention is a request's first transaction meeting the
+/// previous request's last one (its response already sent): SQLite's own schedule, which
+/// starts at 1 ms and soon waits 25 ms, cost a pooled request ~10 ms of sleeping.
 fn wait_for_lock(attempt: i32) -> bool {
-    const DELAYS_MS: [u64; 12] = [1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100];
-    let n = usize::try_from(attempt).unwrap_or(0);
-    let waited: u64 =
-        DELAYS_MS.iter().take(n).sum::<u64>() + n.saturating_sub(DELAYS_MS.len()) as u64 * 100;
-    let delay = DELAYS_MS.get(n).copied().unwrap_or(100);
-    let limit = BUSY_TIMEOUT.as_millis() as u64;
-    if waited >= limit {
+    let Some(delay) = lock_wait(attempt) else {
         return false;
-    }
-    let sleep = || std::thread::sleep(Duration::from_millis(delay.min(limit - waited)));
+    };
+    let sleep = || std::thread::sleep(delay);
     match tokio::runtime::Handle::try_current() {
         Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(sleep)
@@ -164,6 +163,28 @@ fn wait_for_lock(attempt: i32) -> bool {
         _ => sleep(),
     }
     true
+}
+
+/// How long to wait before try `attempt + 1` (attempt 0 is the first retry), or None once
+/// [`BUSY_TIMEOUT`] has been spent.
+fn lock_wait(attempt: i32) -> Option<Duration> {
+    const FIRST_US: u64 = 50;
+    const LONGEST_US: u64 = 10_000;
+    let n = u32::try_from(attempt).unwrap_or(0);
+    // Waited so far: the doubling steps below the cap, then whole caps.
+    let doublings = (LONGEST_US / FIRST_US).ilog2(); // steps before the cap is reached
+    let waited_us: u64 = (0..n.min(doublings)).map(|i| FIRST_US << i).sum::<u64>()
+        + u64::from(n.saturating_sub(doublings)) * LONGEST_US;
+    let delay_us = if n < doublings {
+        FIRST_US << n
+    } else {
+        LONGEST_US
+    };
+    let limit_us = BUSY_TIMEOUT.as_micros() as u64;
+    if waited_us >= limit_us {
+        return None;
+    }
+    Some(Duration::from_micros(delay_us.min(limit_us - waited_us)))
 }
 
 /// rusqlite's error as the WIT variant.
@@ -309,6 +330,20 @@ impl HostConnection for SqliteView<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_waits_start_short_and_add_up_to_the_busy_timeout() {
+        let first: Vec<u128> = (0..4).map(|n| lock_wait(n).unwrap().as_micros()).collect();
+        assert_eq!(first, [50, 100, 200, 400]);
+        assert_eq!(lock_wait(20).unwrap(), Duration::from_millis(10));
+        let mut total = Duration::ZERO;
+        let mut attempt = 0;
+        while let Some(wait) = lock_wait(attempt) {
+            total += wait;
+            attempt += 1;
+        }
+        assert_eq!(total, BUSY_TIMEOUT);
+    }
 
     #[test]
     fn names_that_could_leave_the_directory_are_refused() {
