@@ -311,32 +311,15 @@ impl CoreHost {
 
     /// Set one of the pool's settings.
     pub async fn set_pool(&self, key: &str, value: &str) {
-        let (key, value) = (key.to_string(), value.to_string());
-        self.host
-            .call_pool("settings.set-setting", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_settings()
-                        .call_set_setting(store, &key, &value)
-                        .await
-                })
-            })
+        crate::exports::set_pool_setting(&self.host, key, value)
             .await
-            .expect("the pool answers")
             .expect("the pool takes the setting");
     }
 
     /// Add an account to the pool through its accounts export (as `pooler account add`).
     pub async fn add_account(&self, account: NewAccount) -> AccountInfo {
-        self.host
-            .call_pool("accounts.add", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_accounts()
-                        .call_add(store, &account)
-                        .await
-                })
-            })
+        crate::exports::add_account(&self.host, account)
             .await
-            .expect("the pool answers")
             .expect("the pool adds the account")
     }
 
@@ -353,46 +336,22 @@ impl CoreHost {
 
     /// Enable an account through the pool's accounts export (as `pooler account enable`).
     pub async fn enable_account(&self, id: &str) -> AccountInfo {
-        let id = id.to_string();
-        self.host
-            .call_pool("accounts.enable", move |store, pool| {
-                Box::pin(
-                    async move { pool.pooler_plugins_accounts().call_enable(store, &id).await },
-                )
-            })
+        crate::exports::enable_account(&self.host, id)
             .await
-            .expect("the pool answers")
             .expect("the pool enables the account")
     }
 
     /// Disable an account through the pool's accounts export (as `pooler account disable`).
     pub async fn disable_account(&self, id: &str) -> AccountInfo {
-        let id = id.to_string();
-        self.host
-            .call_pool("accounts.disable", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_accounts()
-                        .call_disable(store, &id)
-                        .await
-                })
-            })
+        crate::exports::disable_account(&self.host, id)
             .await
-            .expect("the pool answers")
             .expect("the pool disables the account")
     }
 
     /// The pool's accounts (all providers).
     pub async fn accounts(&self) -> Vec<AccountInfo> {
-        self.host
-            .call_pool("accounts.list-accounts", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_accounts()
-                        .call_list_accounts(store, None)
-                        .await
-                })
-            })
+        crate::exports::list_accounts(&self.host, None)
             .await
-            .expect("the pool answers")
             .expect("the pool lists its accounts")
     }
 

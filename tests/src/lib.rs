@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod core;
+pub mod exports;
 pub mod harness;
 pub mod logs;
 pub mod pool;

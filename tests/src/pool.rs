@@ -343,17 +343,7 @@ impl Pool {
             label: None,
             priority: None,
         };
-        self.host
-            .host
-            .call_pool("accounts.add", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_accounts()
-                        .call_add(store, &account)
-                        .await
-                })
-            })
-            .await
-            .expect("accounts.add")
+        crate::exports::add_account(&self.host.host, account).await
     }
 
     pub async fn remove(&self, id: &str) -> Result<(), AccountsError> {
@@ -370,32 +360,14 @@ impl Pool {
     }
 
     pub async fn enable(&self, letter: &str) -> AccountInfo {
-        let id = self.id(letter);
-        self.host
-            .host
-            .call_pool("accounts.enable", move |store, pool| {
-                Box::pin(
-                    async move { pool.pooler_plugins_accounts().call_enable(store, &id).await },
-                )
-            })
+        crate::exports::enable_account(&self.host.host, &self.id(letter))
             .await
-            .expect("accounts.enable")
             .expect("enabled")
     }
 
     pub async fn disable(&self, letter: &str) -> AccountInfo {
-        let id = self.id(letter);
-        self.host
-            .host
-            .call_pool("accounts.disable", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_accounts()
-                        .call_disable(store, &id)
-                        .await
-                })
-            })
+        crate::exports::disable_account(&self.host.host, &self.id(letter))
             .await
-            .expect("accounts.disable")
             .expect("disabled")
     }
 
@@ -431,18 +403,8 @@ impl Pool {
 
     /// Every account of the pool's provider, in selection order.
     pub async fn list(&self) -> Vec<AccountInfo> {
-        let provider = self.provider;
-        self.host
-            .host
-            .call_pool("accounts.list-accounts", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_accounts()
-                        .call_list_accounts(store, Some(provider))
-                        .await
-                })
-            })
+        crate::exports::list_accounts(&self.host.host, Some(self.provider))
             .await
-            .expect("accounts.list-accounts")
             .expect("listed")
     }
 
@@ -458,18 +420,7 @@ impl Pool {
 
     /// Set one of the pool's settings.
     pub async fn set(&self, key: &str, value: &str) -> Result<Setting, SettingsError> {
-        let (key, value) = (key.to_owned(), value.to_owned());
-        self.host
-            .host
-            .call_pool("settings.set-setting", move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_settings()
-                        .call_set_setting(store, &key, &value)
-                        .await
-                })
-            })
-            .await
-            .expect("settings.set-setting")
+        crate::exports::set_pool_setting(&self.host.host, key, value).await
     }
 
     /// One of the pool's settings, as stored.
