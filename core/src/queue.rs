@@ -183,18 +183,7 @@ impl Core {
         let now = self.now();
         self.write(|tx| {
             let live = live_row(tx, row)?;
-            tx.execute("DELETE FROM queued_rows WHERE id = ?1", [row])?;
-            store::add_history(
-                tx,
-                now,
-                &live.row.thread,
-                Some(row),
-                Some(&live.row.original_request),
-                Actor::Plugin,
-                "cancelled",
-                Some(live.row.send_at),
-                Some(reason),
-            )?;
+            store::remove_row(tx, now, &live.row, Actor::Plugin, "cancelled", reason)?;
             Ok(())
         })
     }
@@ -309,17 +298,13 @@ impl Core {
             let thread = store::load_thread(tx, &live.row.thread)?
                 .ok_or_else(|| CoreError::NoSuchThread(live.row.thread.clone()))?;
             if thread.archived {
-                tx.execute("DELETE FROM queued_rows WHERE id = ?1", [live.row.id])?;
-                store::add_history(
+                store::remove_row(
                     tx,
                     now,
-                    &live.row.thread,
-                    Some(live.row.id),
-                    Some(&live.row.original_request),
+                    &live.row,
                     Actor::Core,
                     "dropped",
-                    Some(live.row.send_at),
-                    Some("thread archived"),
+                    "thread archived",
                 )?;
                 return Ok(Err(CoreError::Archived));
             }
@@ -381,18 +366,7 @@ impl Core {
         let now = self.now();
         self.write(|tx| {
             let live = claimed_row(tx, claim)?;
-            tx.execute("DELETE FROM queued_rows WHERE id = ?1", [live.row.id])?;
-            store::add_history(
-                tx,
-                now,
-                &live.row.thread,
-                Some(live.row.id),
-                Some(&live.row.original_request),
-                Actor::Plugin,
-                "dropped",
-                Some(live.row.send_at),
-                Some(reason),
-            )?;
+            store::remove_row(tx, now, &live.row, Actor::Plugin, "dropped", reason)?;
             Ok(())
         })
     }
@@ -479,22 +453,13 @@ fn dispatch_row(
             now
         ],
     )?;
-    tx.execute("DELETE FROM queued_rows WHERE id = ?1", [live.row.id])?;
-    store::add_history(
-        tx,
-        now,
-        &live.row.thread,
-        Some(live.row.id),
-        Some(&live.row.original_request),
-        actor,
-        if trigger == TurnTrigger::SendNow {
-            "send-now"
-        } else {
-            "dispatched"
-        },
-        Some(live.row.send_at),
-        Some(&format!("attempt {} as {request}", live.row.attempt)),
-    )?;
+    let action = if trigger == TurnTrigger::SendNow {
+        "send-now"
+    } else {
+        "dispatched"
+    };
+    let detail = format!("attempt {} as {request}", live.row.attempt);
+    store::remove_row(tx, now, &live.row, actor, action, &detail)?;
     start_request(tx, &live.row.thread, &request, now)
 }
 

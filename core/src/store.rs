@@ -424,6 +424,30 @@ pub(crate) fn add_history(
     Ok(())
 }
 
+/// Removes a live row and records why in its history, in the caller's transaction: every
+/// way a row leaves the queue (cancelled, dropped, dispatched) goes through here.
+pub(crate) fn remove_row(
+    tx: &Transaction<'_>,
+    at: Timestamp,
+    row: &QueuedRow,
+    actor: Actor,
+    action: &str,
+    detail: &str,
+) -> rusqlite::Result<()> {
+    tx.execute("DELETE FROM queued_rows WHERE id = ?1", [row.id])?;
+    add_history(
+        tx,
+        at,
+        &row.thread,
+        Some(row.id),
+        Some(&row.original_request),
+        actor,
+        action,
+        Some(row.send_at),
+        Some(detail),
+    )
+}
+
 pub(crate) fn history(conn: &Connection, thread: &str) -> rusqlite::Result<Vec<HistoryEntry>> {
     let mut stmt = conn.prepare(
         "SELECT at, thread_id, row_id, original_request, actor, action, send_at, detail

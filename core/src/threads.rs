@@ -140,18 +140,7 @@ impl Core {
                 params![thread, now],
             )?;
             for row in store::list_rows(tx, Some(thread))? {
-                tx.execute("DELETE FROM queued_rows WHERE id = ?1", [row.id])?;
-                store::add_history(
-                    tx,
-                    now,
-                    thread,
-                    Some(row.id),
-                    Some(&row.original_request),
-                    Actor::Person,
-                    "dropped",
-                    Some(row.send_at),
-                    Some("thread archived"),
-                )?;
+                store::remove_row(tx, now, &row, Actor::Person, "dropped", "thread archived")?;
             }
             Ok(())
         })
