@@ -336,6 +336,7 @@ impl Host {
                 threads,
                 availability: Arc::new(Mediator(weak.clone())),
                 changes: changes.clone(),
+                databases: crate::imports::sqlite::ConnectionCache::new(),
             },
             pool,
             retry,

@@ -17,7 +17,7 @@ use crate::imports::clocks::{MonotonicClock, WallClock};
 use crate::imports::http_out::{AllowList, OutgoingClient, OutgoingPolicy};
 use crate::imports::listener::{ChangeSink, ListenerCtx};
 use crate::imports::log::LogCtx;
-use crate::imports::sqlite::SqliteCtx;
+use crate::imports::sqlite::{ConnectionCache, SqliteCtx};
 use crate::imports::threads::{ThreadsCtx, ThreadsService};
 use crate::roles::Role;
 
@@ -47,6 +47,8 @@ pub struct Services {
     pub threads: Arc<dyn ThreadsService>,
     pub availability: Arc<dyn AvailabilitySource>,
     pub changes: Arc<dyn ChangeSink>,
+    /// Plugin database connections between instances.
+    pub databases: Arc<ConnectionCache>,
 }
 
 /// The data of one `Store`.
@@ -90,7 +92,7 @@ impl PluginState {
             wasi,
             http: WasiHttpCtx::new(),
             outgoing: OutgoingPolicy::new(id.clone(), meta.allow.clone(), services.client.clone()),
-            sqlite: SqliteCtx::new(meta.dir.clone()),
+            sqlite: SqliteCtx::new(meta.dir.clone(), services.databases.clone()),
             log: LogCtx::new(id.clone()),
             listener: ListenerCtx::new(id.clone(), services.changes.clone()),
             availability: AvailabilityCtx::new(id.clone(), services.availability.clone()),
