@@ -228,10 +228,9 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
             "Account Pooler storage is unavailable; try again.",
         )));
     };
-    let limit = Store::new(&db)
-        .settings()
-        .map(|s| s.max_request_body)
-        .unwrap_or(32 << 20);
+    // Read once here (for the body limit) and handed to the engine.
+    let settings = Store::new(&db).settings().ok();
+    let limit = settings.as_ref().map_or(32 << 20, |s| s.max_request_body);
     let (parts, body) = request.into_parts();
     let mut headers = Headers::new();
     for (n, v) in parts.headers.iter() {
@@ -267,9 +266,11 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
         body: bytes,
         body_truncated: truncated,
     };
-    let response = Engine::new(&db, &WasiUpstream, &WasiEnv)
-        .handle(incoming)
-        .await;
+    let mut engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
+    if let Some(settings) = settings {
+        engine = engine.with_settings(settings);
+    }
+    let response = engine.handle(incoming).await;
     let mut b = Response::builder().status(response.status);
     for (n, v) in response.headers.iter() {
         b = b.header(n, v);

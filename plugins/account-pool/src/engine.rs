@@ -151,6 +151,11 @@ pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log> {
     store: Store<'a, D>,
     upstream: &'a U,
     env: &'a E,
+    /// Settings the caller already read for this request (read here otherwise).
+    settings: Option<Settings>,
+    /// When the current attempt last tried its account: the account's "last used" time,
+    /// written with the attempt's outcome.
+    last_try: std::cell::Cell<u64>,
 }
 
 /// What one attempt on one account came to.
@@ -183,7 +188,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             store: Store::new(db),
             upstream,
             env,
+            settings: None,
+            last_try: std::cell::Cell::new(0),
         }
+    }
+
+    /// Use `settings`, read by the caller for this request, instead of reading them again.
+    pub fn with_settings(mut self, settings: Settings) -> Self {
+        self.settings = Some(settings);
+        self
     }
 
     /// Serve one client request. Storage failures become the pool's own 503.
@@ -249,7 +262,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 &PoolError::pool(401, "Invalid Account Pooler bearer token."),
             ));
         };
-        let settings = self.store.settings()?;
+        let settings = match &self.settings {
+            Some(s) => s.clone(),
+            None => self.store.settings()?,
+        };
         if !settings.routing(provider) {
             return Ok(Response::pool(
                 provider,
@@ -299,12 +315,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         let s = ctx.settings;
         let (provider, threshold) = (ctx.provider, s.switch_threshold);
         let start = self.env.now();
-        let snapshot: Vec<String> = self
-            .store
-            .accounts(Some(provider))?
-            .into_iter()
-            .map(|a| a.id)
-            .collect();
+        // The accounts this request may use: those that exist now. The first pass of the
+        // loop uses this very read; later passes read again (an attempt changes state).
+        let mut fresh = Some(self.store.accounts(Some(provider))?);
+        let snapshot: Vec<String> = fresh.iter().flatten().map(|a| a.id.clone()).collect();
         let mut pin: Option<PinSeen> = match ctx.key {
             Some(k) => self
                 .store
@@ -333,12 +347,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
 
         loop {
             let now = self.env.now();
-            let states: Vec<AccountState> = self
-                .store
-                .accounts(Some(provider))?
-                .into_iter()
-                .filter(|a| snapshot.contains(&a.id))
-                .collect();
+            let states: Vec<AccountState> = match fresh.take() {
+                Some(states) => states,
+                None => self
+                    .store
+                    .accounts(Some(provider))?
+                    .into_iter()
+                    .filter(|a| snapshot.contains(&a.id))
+                    .collect(),
+            };
             let candidates: Vec<Candidate> = states
                 .iter()
                 .map(|a| Candidate {
@@ -412,41 +429,48 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             match self.attempt(ctx, state, &mut waited).await? {
                 Attempt::Respond { response, served } => {
                     let now = self.env.now();
-                    let mut outcome = if served { "served" } else { "passed-through" };
-                    if served {
-                        let detour = self.commit(
-                            ctx,
-                            thread,
-                            &id,
-                            pin.as_ref(),
-                            cursor.as_deref(),
-                            &outcomes,
-                            now,
-                        )?;
-                        if detour {
-                            outcome = "detour";
+                    // What this outcome changes is one commit (one WAL write, one lock).
+                    self.store.tx(|store| {
+                        store.touch_account(&id, self.last_try.get())?;
+                        let mut outcome = if served { "served" } else { "passed-through" };
+                        if served {
+                            let detour = self.commit(
+                                ctx,
+                                thread,
+                                &id,
+                                pin.as_ref(),
+                                cursor.as_deref(),
+                                &outcomes,
+                                now,
+                            )?;
+                            if detour {
+                                outcome = "detour";
+                            }
+                        } else if let Some(p) = pin.as_ref().filter(|p| p.claimed) {
+                            store.release_claim(
+                                provider,
+                                ctx.key.unwrap_or_default(),
+                                p.generation,
+                            )?;
                         }
-                    } else if let Some(p) = pin.as_ref().filter(|p| p.claimed) {
-                        self.store.release_claim(
-                            provider,
-                            ctx.key.unwrap_or_default(),
-                            p.generation,
-                        )?;
-                    }
-                    self.note_attempt(ctx, now, &id, Some(response.status), outcome)?;
+                        self.note_attempt(ctx, now, &id, Some(response.status), outcome)
+                    })?;
                     return Ok(self.relay(ctx, response));
                 }
                 Attempt::Failed {
                     outcome,
                     failure: f,
                 } => {
-                    self.note_attempt(
-                        ctx,
-                        self.env.now(),
-                        &id,
-                        f.as_ref().map(|f| f.status),
-                        outcome.as_str(),
-                    )?;
+                    self.store.tx(|store| {
+                        store.touch_account(&id, self.last_try.get())?;
+                        self.note_attempt(
+                            ctx,
+                            self.env.now(),
+                            &id,
+                            f.as_ref().map(|f| f.status),
+                            outcome.as_str(),
+                        )
+                    })?;
                     outcomes.push((id, outcome));
                     if f.is_some() {
                         failure = f;
@@ -609,7 +633,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         let mut refreshed = false;
         loop {
             let now = self.env.now();
-            self.store.touch_account(id, now)?;
+            self.last_try.set(now);
             let credential = match self.usable_credential(ctx.provider, state, s).await? {
                 Ok(c) => c,
                 Err(failed) => return Ok(failed),

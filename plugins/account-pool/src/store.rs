@@ -162,6 +162,8 @@ pub struct PendingSignal {
 /// The pool's database.
 pub struct Store<'a, D: Db> {
     db: &'a D,
+    /// Inside [`Store::tx`]: a nested `tx` joins the open transaction.
+    in_tx: std::cell::Cell<bool>,
 }
 
 fn decode<T>(what: &str, v: Option<T>) -> Result<T, DbError> {
@@ -170,7 +172,10 @@ fn decode<T>(what: &str, v: Option<T>) -> Result<T, DbError> {
 
 impl<'a, D: Db> Store<'a, D> {
     pub fn new(db: &'a D) -> Self {
-        Store { db }
+        Store {
+            db,
+            in_tx: std::cell::Cell::new(false),
+        }
     }
 
     pub fn db(&self) -> &'a D {
@@ -196,10 +201,19 @@ impl<'a, D: Db> Store<'a, D> {
         }
     }
 
-    /// Run `f` in a `BEGIN IMMEDIATE` transaction.
+    /// Run `f` in a `BEGIN IMMEDIATE` transaction. Called inside another `tx` of this
+    /// store, `f` simply joins it (and the outer one commits or rolls back everything), so
+    /// a caller can group several writes that each are atomic on their own into one commit.
     pub fn tx<T>(&self, f: impl FnOnce(&Store<'a, D>) -> Result<T, DbError>) -> Result<T, DbError> {
-        let db = self.db;
-        db.transaction(|_| f(&Store { db }))
+        if self.in_tx.get() {
+            return f(self);
+        }
+        self.db.transaction(|_| {
+            self.in_tx.set(true);
+            let result = f(self);
+            self.in_tx.set(false);
+            result
+        })
     }
 
     // ---- meta -------------------------------------------------------------------------
@@ -295,11 +309,11 @@ impl<'a, D: Db> Store<'a, D> {
         LEFT JOIN refresh_state r ON r.account_id = a.id
         LEFT JOIN quota q ON q.account_id = a.id";
 
-    fn account_from_row(&self, r: &Row<'_>) -> Result<AccountState, DbError> {
+    fn account_from_row(&self, r: &Row<'_>, windows: Vec<Window>) -> Result<AccountState, DbError> {
         let id = r.text("id")?;
         let failure = r.opt_text("failure")?;
         let quota = QuotaState {
-            windows: self.windows(&id)?,
+            windows,
             overage: r.opt_text("overage")?,
             credits: r.get("credits")?.as_i64().map(|c| c != 0),
             representative_claim: r.opt_text("representative_claim")?,
@@ -347,7 +361,20 @@ impl<'a, D: Db> Store<'a, D> {
                 &[],
             )?,
         };
-        rows.iter().map(|r| self.account_from_row(&r)).collect()
+        // Every listed account's windows in one query rather than one query per account.
+        let mut windows = match provider {
+            Some(p) => self.windows_where(
+                "WHERE account_id IN (SELECT id FROM accounts WHERE provider = ?1)",
+                &[p.as_str().into()],
+            )?,
+            None => self.windows_where("", &[])?,
+        };
+        rows.iter()
+            .map(|r| {
+                let own = windows.remove(&r.text("id")?).unwrap_or_default();
+                self.account_from_row(&r, own)
+            })
+            .collect()
     }
 
     pub fn account(&self, id: &str) -> Result<Option<AccountState>, DbError> {
@@ -355,7 +382,9 @@ impl<'a, D: Db> Store<'a, D> {
             &format!("{} WHERE a.id = ?1", Self::ACCOUNT_SELECT),
             &[id.into()],
         )?;
-        rows.first().map(|r| self.account_from_row(&r)).transpose()
+        rows.first()
+            .map(|r| self.account_from_row(&r, self.windows(id)?))
+            .transpose()
     }
 
     pub fn account_meta(&self, id: &str) -> Result<Option<AccountMeta>, DbError> {
@@ -516,23 +545,42 @@ impl<'a, D: Db> Store<'a, D> {
     // ---- quota ------------------------------------------------------------------------
 
     fn windows(&self, id: &str) -> Result<Vec<Window>, DbError> {
+        Ok(self
+            .windows_where("WHERE account_id = ?1", &[id.into()])?
+            .remove(id)
+            .unwrap_or_default())
+    }
+
+    /// The stored windows of the accounts `filter` selects, by account, each account's in
+    /// name order.
+    fn windows_where(
+        &self,
+        filter: &str,
+        params: &[Value],
+    ) -> Result<std::collections::HashMap<String, Vec<Window>>, DbError> {
         let rows = self.db.query(
-            "SELECT name, family, utilization, resets_at, status, observed_at FROM windows
-             WHERE account_id = ?1 ORDER BY name",
-            &[id.into()],
+            &format!(
+                "SELECT account_id, name, family, utilization, resets_at, status, observed_at
+                 FROM windows {filter} ORDER BY account_id, name"
+            ),
+            params,
         )?;
-        rows.iter()
-            .map(|r| {
-                Ok(Window {
+        let mut by_account: std::collections::HashMap<String, Vec<Window>> =
+            std::collections::HashMap::new();
+        for r in rows.iter() {
+            by_account
+                .entry(r.text("account_id")?)
+                .or_default()
+                .push(Window {
                     name: r.text("name")?,
                     family: r.opt_text("family")?.and_then(|f| Family::parse(&f)),
                     utilization: r.opt_f64("utilization")?,
                     resets_at: r.opt_u64("resets_at")?,
                     status: r.opt_text("status")?,
                     observed_at: r.u64("observed_at")?,
-                })
-            })
-            .collect()
+                });
+        }
+        Ok(by_account)
     }
 
     /// Replace an account's stored quota.
