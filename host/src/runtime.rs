@@ -325,6 +325,8 @@ impl Host {
             ProviderRetryPre::new,
         )?;
         let changes = Arc::new(ChangeQueue::new());
+        let databases = crate::imports::sqlite::ConnectionCache::new();
+        crate::imports::sqlite::ConnectionCache::spawn_checkpoints(&databases);
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| Shared {
             engine,
             config,
@@ -336,7 +338,7 @@ impl Host {
                 threads,
                 availability: Arc::new(Mediator(weak.clone())),
                 changes: changes.clone(),
-                databases: crate::imports::sqlite::ConnectionCache::new(),
+                databases,
             },
             pool,
             retry,
@@ -370,7 +372,8 @@ impl Host {
     /// A fresh store for one call or request of `meta`'s plugin, with its memory cap and a
     /// CPU budget of `meta.deadline`: the epoch callback runs once per tick while the guest
     /// executes (not while it waits on I/O), so counting callbacks counts CPU time; on each
-    /// one the guest also yields to the runtime, so a busy guest cannot hog a worker.
+    /// one the guest also yields to the runtime, so a busy guest cannot hog a worker
+    /// (except inside a database transaction, where yielding would keep a lock held).
     pub(crate) fn new_store(&self, meta: &Arc<PluginMeta>) -> Store<PluginState> {
         let mut store = Store::new(
             &self.shared.engine,
@@ -379,11 +382,16 @@ impl Host {
         store.limiter(|state| &mut state.limits);
         let mut ticks_left = (meta.deadline.as_millis() / EPOCH_TICK.as_millis()).max(1);
         store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
+        store.epoch_deadline_callback(move |ctx| {
             if ticks_left == 0 {
                 return Err(wasmtime::Error::new(DeadlineExceeded));
             }
             ticks_left -= 1;
+            // A guest inside a database transaction may hold the write lock: parked behind
+            // other tasks it would keep every other instance of its plugin waiting.
+            if ctx.data().sqlite.in_transaction() {
+                return Ok(UpdateDeadline::Continue(1));
+            }
             Ok(UpdateDeadline::Yield(1))
         });
         store

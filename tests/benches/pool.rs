@@ -9,6 +9,9 @@
 //!   direct call (target: p50 added < 0.3 ms, p99 added < 1 ms);
 //! - 16 and 64 clients: requests per second (target at 64: the pool ≥ half the
 //!   pass-through fixture).
+//!
+//! For profiling, `POOL_BENCH_ONLY=direct|fixture|pool` runs just that target (one client,
+//! or `POOL_BENCH_CLIENTS=n`), e.g. under `perf record`, and prints its line.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -237,6 +240,28 @@ async fn run() -> anyhow::Result<()> {
         url: format!("{pool_url}/v1/messages"),
         token: Some(token),
     };
+
+    if let Ok(only) = std::env::var("POOL_BENCH_ONLY") {
+        let target = match only.as_str() {
+            "direct" => &direct,
+            "fixture" => &fixture,
+            "pool" => &pool,
+            other => anyhow::bail!("POOL_BENCH_ONLY={other}: expected direct, fixture or pool"),
+        };
+        let clients: usize = match std::env::var("POOL_BENCH_CLIENTS") {
+            Ok(n) => n.parse()?,
+            Err(_) => 1,
+        };
+        let l = load(target, clients).await?;
+        println!(
+            "{only}, {clients} client(s): {:.0} requests/s, p50 {:.3} ms, p99 {:.3} ms, {:.0} CPU µs/request",
+            l.per_second,
+            ms(l.p50),
+            ms(l.p99),
+            l.cpu_us
+        );
+        return Ok(());
+    }
 
     println!("\n## one client, sequential (ms)");
     println!(
