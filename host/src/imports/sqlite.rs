@@ -44,9 +44,11 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_CONNECTIONS: usize = 8;
 /// Longest database name.
 pub const MAX_NAME_CHARS: usize = 64;
-/// Idle connections kept per database file; one more than this in use at once are closed
-/// when dropped. Each request in flight holds one, so this bounds what a burst leaves open.
-pub const MAX_IDLE_PER_DATABASE: usize = 16;
+/// Idle connections kept per database file; more than this in use at once are closed when
+/// dropped. Each request in flight holds one, so this bounds what a burst leaves open; with
+/// 16, a load of 64 concurrent pooled requests opened and closed a connection on most
+/// requests (measured 437 vs 576 requests/s at 64 clients).
+pub const MAX_IDLE_PER_DATABASE: usize = 64;
 /// How often the host copies plugin databases' write-ahead logs back into the database
 /// files ([`ConnectionCache::checkpoint`]), off the request path.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
