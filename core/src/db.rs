@@ -1,6 +1,7 @@
 //! The core's own database file, `DATA_DIR/core.sqlite3`: opening it safely (directory 0700,
-//! file 0600, WAL, busy timeout, foreign keys) and the schema migrations, which are
-//! idempotent: each runs once, recorded in `PRAGMA user_version`, inside a transaction.
+//! file 0600, WAL with `synchronous=NORMAL`, busy timeout, foreign keys) and the schema
+//! migrations, which are idempotent: each runs once, recorded in `PRAGMA user_version`,
+//! inside a transaction.
 
 use std::fs::{DirBuilder, OpenOptions, Permissions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -152,6 +153,15 @@ pub fn open(data_dir: &Path) -> Result<(Connection, PathBuf), CoreError> {
     let mut conn = Connection::open(&path)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
+    // Durability. In WAL mode, NORMAL syncs the log at checkpoints instead of on every
+    // commit. A commit is written to the WAL file before it returns, so a crash of the
+    // process loses nothing and the database stays consistent; only a power loss (or an OS
+    // crash) can roll back the last commits, and it never corrupts the file. FULL cost one
+    // fsync per commit, and the queue's bookkeeping commits once per `threads` call: one
+    // availability change that moves 10,000 rows made 10,000 fsyncs (issue 5). What must
+    // survive even a power loss (a turn about to be sent to a provider) is committed with
+    // `Core::write_durable`, which syncs that commit and everything before it.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     migrate(&mut conn)?;
     Ok((conn, path))
@@ -213,6 +223,11 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
+        // NORMAL (1): commits are not synced one by one (see `open`).
+        let sync: i64 = conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(sync, 1);
         let file_mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(file_mode, 0o600);
         let dir_mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;

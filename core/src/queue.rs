@@ -293,32 +293,35 @@ impl Core {
         let now = self.now();
         // Refusals that change the row must commit, so they are returned as values here
         // and turned into errors after the transaction.
-        let outcome = self.write(|tx| -> Result<Result<TurnPlan, CoreError>, CoreError> {
-            let live = claimed_row(tx, claim)?;
-            let thread = store::load_thread(tx, &live.row.thread)?
-                .ok_or_else(|| CoreError::NoSuchThread(live.row.thread.clone()))?;
-            if thread.archived {
-                store::remove_row(
-                    tx,
-                    now,
-                    &live.row,
-                    Actor::Core,
-                    "dropped",
-                    "thread archived",
-                )?;
-                return Ok(Err(CoreError::Archived));
-            }
-            if thread.status == ThreadStatus::Active {
-                tx.execute(
-                    "UPDATE queued_rows SET wait_state = 'time', claim_gen = claim_gen + 1,
+        // Durable: the turn is sent to the provider next; a power loss must not bring the
+        // row back to be dispatched a second time.
+        let outcome =
+            self.write_durable(|tx| -> Result<Result<TurnPlan, CoreError>, CoreError> {
+                let live = claimed_row(tx, claim)?;
+                let thread = store::load_thread(tx, &live.row.thread)?
+                    .ok_or_else(|| CoreError::NoSuchThread(live.row.thread.clone()))?;
+                if thread.archived {
+                    store::remove_row(
+                        tx,
+                        now,
+                        &live.row,
+                        Actor::Core,
+                        "dropped",
+                        "thread archived",
+                    )?;
+                    return Ok(Err(CoreError::Archived));
+                }
+                if thread.status == ThreadStatus::Active {
+                    tx.execute(
+                        "UPDATE queued_rows SET wait_state = 'time', claim_gen = claim_gen + 1,
                             claimed_at = NULL, updated_at = ?2 WHERE id = ?1",
-                    params![live.row.id, now],
-                )?;
-                return Ok(Err(CoreError::ThreadBusy(thread.id)));
-            }
-            let plan = dispatch_row(tx, &live, TurnTrigger::Retry, Actor::Core, now)?;
-            Ok(Ok(plan))
-        })?;
+                        params![live.row.id, now],
+                    )?;
+                    return Ok(Err(CoreError::ThreadBusy(thread.id)));
+                }
+                let plan = dispatch_row(tx, &live, TurnTrigger::Retry, Actor::Core, now)?;
+                Ok(Ok(plan))
+            })?;
         let plan = outcome?;
         tracing::info!(
             thread = %plan.thread,
@@ -386,7 +389,8 @@ impl Core {
         thread: &str,
         now: Timestamp,
     ) -> Result<(RowId, TurnPlan), CoreError> {
-        let (row, plan) = self.write(|tx| {
+        // Durable, as `dispatch`: the turn is sent next.
+        let (row, plan) = self.write_durable(|tx| {
             let t = store::load_thread(tx, thread)?
                 .ok_or_else(|| CoreError::NoSuchThread(thread.to_string()))?;
             if t.archived {

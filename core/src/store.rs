@@ -4,9 +4,12 @@
 //!
 //! Every call is synchronous and short (one SQLite transaction). Writes use `BEGIN
 //! IMMEDIATE`, so two `Core`s on the same file (or two processes) serialise their
-//! read-modify-write sequences instead of racing.
+//! read-modify-write sequences instead of racing. A commit survives a crash of the process
+//! once it returns; the commits that start a turn also survive a power loss
+//! ([`Core::write_durable`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
@@ -26,6 +29,8 @@ pub struct Core {
     conn: Mutex<Connection>,
     clock: SharedClock,
     path: PathBuf,
+    /// Commits made by [`Core::write_durable`] (synced one by one).
+    durable_commits: AtomicU64,
 }
 
 impl std::fmt::Debug for Core {
@@ -43,6 +48,7 @@ impl Core {
             conn: Mutex::new(conn),
             clock,
             path,
+            durable_commits: AtomicU64::new(0),
         })
     }
 
@@ -79,6 +85,41 @@ impl Core {
         let out = f(&tx)?;
         tx.commit()?;
         Ok(out)
+    }
+
+    /// [`Core::write`] for a commit that must survive a power loss, not only a crash of the
+    /// process: the database runs `synchronous=NORMAL` (see `db::open`), and this commit is
+    /// made under FULL, so it is synced before it returns — and with it every earlier commit
+    /// (the WAL is one sequential log). For the commits after which something leaves the
+    /// process for good: a turn about to be sent to a provider.
+    pub(crate) fn write_durable<T, E>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<rusqlite::Error>,
+    {
+        let mut conn = self.lock();
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let out = (|| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })();
+        if let Err(e) = conn.pragma_update(None, "synchronous", "NORMAL") {
+            // Left at FULL: slower, never less safe.
+            tracing::warn!(error = %e, "cannot set the core database back to synchronous=NORMAL");
+        }
+        if out.is_ok() {
+            self.durable_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// How many commits [`Core::write_durable`] made since the core was opened.
+    pub fn durable_commits(&self) -> u64 {
+        self.durable_commits.load(Ordering::Relaxed)
     }
 
     /// Runs `f` against the connection, for reads.
@@ -477,4 +518,46 @@ pub(crate) fn busy_slots(conn: &Connection) -> rusqlite::Result<u32> {
         [],
         |r| r.get(0),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn synchronous(core: &Core) -> i64 {
+        core.read(|c| c.query_row("PRAGMA synchronous", [], |r| r.get(0)))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_durable_write_runs_under_full_and_goes_back_to_normal() {
+        let dir = std::env::temp_dir().join(crate::ids::new_id("pooler-core-store"));
+        let core = Core::open(&dir, ManualClock::new(1_000)).unwrap();
+        assert_eq!(synchronous(&core), 1, "NORMAL");
+        let inside: i64 = core
+            .write_durable(|tx| {
+                tx.execute(
+                    "INSERT INTO settings (key, value) VALUES ('probe', '1')",
+                    [],
+                )?;
+                tx.query_row("PRAGMA synchronous", [], |r| r.get(0))
+            })
+            .unwrap();
+        assert_eq!(inside, 2, "FULL while the durable commit runs");
+        assert_eq!(synchronous(&core), 1, "back to NORMAL");
+        assert_eq!(core.durable_commits(), 1);
+        // A failed durable write goes back to NORMAL too, and is not counted.
+        let failed =
+            core.write_durable(|tx| tx.execute("INSERT INTO no_such_table VALUES (1)", []));
+        assert!(failed.is_err());
+        assert_eq!(synchronous(&core), 1);
+        assert_eq!(core.durable_commits(), 1);
+        // Plain writes stay NORMAL.
+        core.set_concurrency_limit(3).unwrap();
+        assert_eq!(synchronous(&core), 1);
+        assert_eq!(core.durable_commits(), 1);
+        drop(core);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -203,7 +203,9 @@ impl Core {
     /// Returns the turns to run now.
     pub fn start_turns(&self) -> Result<Vec<TurnPlan>, CoreError> {
         let now = self.now();
-        self.write(|tx| {
+        // Durable: the turns are sent to the provider next (a pass that starts nothing
+        // commits nothing, and syncs nothing).
+        self.write_durable(|tx| {
             let limit = store::concurrency_limit(tx)?;
             let mut free = limit.saturating_sub(store::busy_slots(tx)?);
             let mut plans = Vec::new();

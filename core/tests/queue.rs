@@ -590,3 +590,94 @@ fn restart_keeps_rows_attempts_and_the_limit() {
     assert_eq!(info.status, ThreadStatus::Error);
     assert_eq!(info.latest_request, Some(failed));
 }
+
+/// Issue 5: the queue's bookkeeping (`schedule-retry`, `reschedule`, `cancel`) commits
+/// without a sync of its own; the commits that start a turn (a person's message, a
+/// dispatched row, send-now) are synced, so a power loss cannot send a turn twice.
+#[test]
+fn only_the_commits_that_start_a_turn_are_synced_one_by_one() {
+    let f = Fixture::new();
+    let (thread, failed) = f.failed_thread("hello");
+    let started = f.core.durable_commits();
+    assert!(started >= 1, "starting the first turn was durable");
+
+    let row = f
+        .core
+        .schedule_retry(&thread, &failed, T0 + 7_200_000, "blocked")
+        .unwrap();
+    for i in 0..10 {
+        f.core
+            .reschedule(row.id, T0 + 60_000 + i, "account enabled")
+            .unwrap();
+    }
+    assert!(f.core.claim_due(f.now()).unwrap().is_empty());
+    assert_eq!(
+        f.core.durable_commits(),
+        started,
+        "bookkeeping is not synced commit by commit"
+    );
+
+    f.advance_ms(60_100);
+    let claim = f.core.claim_due(f.now()).unwrap().remove(0);
+    f.core.dispatch(&claim).unwrap();
+    assert_eq!(
+        f.core.durable_commits(),
+        started + 1,
+        "a dispatch is synced"
+    );
+
+    let (other, other_failed) = f.failed_thread("two");
+    let before = f.core.durable_commits();
+    f.core
+        .schedule_retry(&other, &other_failed, T0 + 7_200_000, "blocked")
+        .unwrap();
+    f.core.send_now(&other, f.now()).unwrap();
+    assert_eq!(f.core.durable_commits(), before + 1, "a send-now is synced");
+}
+
+/// The core runs `synchronous=NORMAL`: a crash of the process (here: `abort` in a child
+/// process, no cleanup, no checkpoint) still loses no commit that returned.
+#[test]
+fn commits_survive_a_crash_of_the_process() {
+    const CHILD: &str = "POOLER_CORE_CRASH_CHILD";
+    if let Ok(dir) = std::env::var(CHILD) {
+        let clock = pooler_core::clock::ManualClock::new(T0);
+        let core = Core::open(&dir, clock as pooler_core::clock::SharedClock).unwrap();
+        let thread = core
+            .new_thread(Provider::Claude, None, Some(route()))
+            .unwrap();
+        core.send(&thread, "hello").unwrap();
+        let plan = core.start_turns().unwrap().remove(0);
+        core.record_outcome(&plan.request, &failed_outcome(false))
+            .unwrap();
+        let row = core
+            .schedule_retry(&thread, &plan.request, T0 + 7_200_000, "blocked")
+            .unwrap();
+        core.reschedule(row.id, T0 + 42_000, "account enabled")
+            .unwrap();
+        std::process::abort();
+    }
+    let dir = TempDir::new();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "commits_survive_a_crash_of_the_process",
+            "--test-threads=1",
+        ])
+        .env(CHILD, dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child crashed");
+    assert!(
+        dir.path().join("core.sqlite3-wal").exists(),
+        "the crash left the WAL unmerged"
+    );
+    let clock = pooler_core::clock::ManualClock::new(T0);
+    let core = Core::open(dir.path(), clock as pooler_core::clock::SharedClock).unwrap();
+    let rows = core.list_rows(None).unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!((rows[0].send_at, rows[0].attempt), (T0 + 42_000, 2));
+    assert_eq!(rows[0].reason, "account enabled");
+}
