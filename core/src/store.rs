@@ -80,11 +80,7 @@ impl Core {
     where
         E: From<rusqlite::Error>,
     {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let out = f(&tx)?;
-        tx.commit()?;
-        Ok(out)
+        commit(&mut self.lock(), f)
     }
 
     /// [`Core::write`] for a commit that must survive a power loss, not only a crash of the
@@ -101,12 +97,7 @@ impl Core {
     {
         let mut conn = self.lock();
         conn.pragma_update(None, "synchronous", "FULL")?;
-        let out = (|| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
-        })();
+        let out = commit(&mut conn, f);
         if let Err(e) = conn.pragma_update(None, "synchronous", "NORMAL") {
             // Left at FULL: slower, never less safe.
             tracing::warn!(error = %e, "cannot set the core database back to synchronous=NORMAL");
@@ -518,6 +509,20 @@ pub(crate) fn busy_slots(conn: &Connection) -> rusqlite::Result<u32> {
         [],
         |r| r.get(0),
     )
+}
+
+/// Run `f` in one immediate write transaction on `conn`, committed when `f` succeeds.
+fn commit<T, E>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Transaction<'_>) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<rusqlite::Error>,
+{
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let out = f(&tx)?;
+    tx.commit()?;
+    Ok(out)
 }
 
 #[cfg(test)]
