@@ -355,3 +355,22 @@ impl TestHost {
         Ok(())
     }
 }
+
+/// The one file called `name` anywhere under `dir` (a test fails if there is not exactly
+/// one): how tests find a plugin's database without knowing the host's layout.
+pub fn find_file(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.file_name().is_some_and(|n| n == name) {
+                found.push(path);
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.pop().unwrap()
+}

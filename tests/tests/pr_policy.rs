@@ -321,7 +321,11 @@ async fn pr_20_an_alternative_provider_retry_loads_by_configuration_and_receives
     // (an account added), as recorded in its own database.
     h.add_claude_key("key-b").await;
     h.settle().await;
-    let db = rusqlite::Connection::open(find_file(h.data.path(), "alt-retry.sqlite3")).unwrap();
+    let db = rusqlite::Connection::open(pooler_tests::harness::find_file(
+        h.data.path(),
+        "alt-retry.sqlite3",
+    ))
+    .unwrap();
     db.busy_timeout(Duration::from_secs(5)).unwrap();
     let kinds: Vec<String> = db
         .prepare("SELECT kind FROM events ORDER BY id")
@@ -684,24 +688,6 @@ async fn pr_19_send_now_bypasses_the_gates_and_is_recorded() {
     );
 }
 
-/// The one file called `name` under `dir`.
-fn find_file(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.file_name().is_some_and(|n| n == name) {
-                found.push(path);
-            }
-        }
-    }
-    assert_eq!(found.len(), 1, "{found:?}");
-    found.pop().unwrap()
-}
-
 /// PR-17: Durable events: Provider Retry fails while handling `turn-failed` (its database
 /// cannot be opened, so the call fails) → the core keeps the event and delivers it again;
 /// the retry is scheduled once.
@@ -710,7 +696,7 @@ async fn pr_17_a_failed_delivery_is_redelivered_and_scheduled_once() {
     let h = CoreSetup::new().real_retry().start().await;
     // The retry waits long enough not to come due while the test waits for the redelivery.
     h.retry_set("backoff-base", "1h").await;
-    let db = find_file(h.data.path(), "retry.sqlite3");
+    let db = pooler_tests::harness::find_file(h.data.path(), "retry.sqlite3");
     let aside = db.with_extension("aside");
     let sidecars = ["-wal", "-shm"].map(|s| {
         let mut name = db.file_name().unwrap().to_os_string();

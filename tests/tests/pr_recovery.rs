@@ -515,7 +515,7 @@ async fn pr_10_the_tick_finds_a_recovery_no_signal_reported() {
     let (thread, _) = blocked_turn(&h, h.now() + 2 * HOUR).await;
     let row = h.row(&thread);
 
-    let pool_db = find_db(h.data.path(), "pool.sqlite3");
+    let pool_db = pooler_tests::harness::find_file(h.data.path(), "pool.sqlite3");
     let db = rusqlite::Connection::open(pool_db).unwrap();
     db.busy_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!(
@@ -560,22 +560,4 @@ async fn pr_10_the_tick_finds_a_recovery_no_signal_reported() {
         h.upstream.received().last().unwrap().header("x-api-key"),
         Some("key-b")
     );
-}
-
-/// The one file called `name` under `dir`.
-fn find_db(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.file_name().is_some_and(|n| n == name) {
-                found.push(path);
-            }
-        }
-    }
-    assert_eq!(found.len(), 1, "{found:?}");
-    found.pop().unwrap()
 }
