@@ -196,56 +196,15 @@ mod tests {
     //! and the mapping of the WIT data and errors. With the real plugin the area is driven
     //! end to end by `host/tests/cli_retry.rs`.
 
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
-
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Full};
-    use hyper::{Request, StatusCode};
+    use hyper::StatusCode;
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::admin::tests::{TOKEN, admin};
     use crate::bindings::types::Blocked;
-    use crate::config::Config;
-    use crate::imports::threads::NoCore;
-    use crate::runtime::{Host, HostOptions};
-
-    const TOKEN: &str = "0123456789abcdef";
-
-    fn admin() -> (tempfile::TempDir, Admin) {
-        let dir = tempfile::tempdir().unwrap();
-        let host = Host::new(HostOptions {
-            config: Config::parse(
-                "[plugins.account-pool]\ncomponent = \"none\"\n\
-                 [plugins.provider-retry]\ncomponent = \"none\"\n",
-            )
-            .unwrap(),
-            data_dir: dir.path().to_owned(),
-            clock: Arc::new(pooler_core::clock::SystemClock::new()),
-            threads: Arc::new(NoCore),
-            cache_dir: None,
-        })
-        .unwrap();
-        let admin = Admin::new(
-            host,
-            TOKEN.to_owned(),
-            "127.0.0.1:8787".parse().unwrap(),
-            Arc::new(AtomicUsize::new(0)),
-        );
-        (dir, admin)
-    }
 
     async fn call(admin: &Admin, method: &str, path: &str) -> (StatusCode, Value) {
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let response = admin.handle(request).await;
-        let status = response.status();
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        (status, serde_json::from_slice(&bytes).unwrap())
+        crate::admin::tests::call(admin, method, path, Some(TOKEN), "").await
     }
 
     fn code(body: &Value) -> &str {

@@ -13,9 +13,10 @@ use crate::config::Config;
 use crate::imports::threads::NoCore;
 use crate::runtime::HostOptions;
 
-const TOKEN: &str = "0123456789abcdef";
+pub(super) const TOKEN: &str = "0123456789abcdef";
 
-fn admin() -> (tempfile::TempDir, Admin) {
+/// An admin router over a host with no plugins (shared with the areas' own tests).
+pub(super) fn admin() -> (tempfile::TempDir, Admin) {
     let dir = tempfile::tempdir().unwrap();
     let host = Host::new(HostOptions {
         config: Config::parse(
@@ -38,7 +39,7 @@ fn admin() -> (tempfile::TempDir, Admin) {
     (dir, admin)
 }
 
-async fn call(
+pub(super) async fn call(
     admin: &Admin,
     method: &str,
     path: &str,
