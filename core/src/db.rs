@@ -18,6 +18,9 @@ pub const FILE_NAME: &str = "core.sqlite3";
 /// How long a writer waits for another connection's write transaction before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Statements kept prepared per connection.
+const STATEMENT_CACHE: usize = 128;
+
 /// Schema versions, oldest first. Never edit a shipped entry; append a new one.
 const MIGRATIONS: &[&str] = &[
     // v1
@@ -129,6 +132,13 @@ const MIGRATIONS: &[&str] = &[
         value TEXT NOT NULL
     );
     "#,
+    // v2: the due loop's reads (claimable rows, claimed rows, a thread's live row) use
+    // indexes; before, each pass scanned every queued row, and one availability change
+    // that moved N rows made N passes (issue 5).
+    r#"
+    CREATE INDEX queued_rows_by_thread ON queued_rows(thread_id);
+    CREATE INDEX queued_rows_by_state ON queued_rows(wait_state, send_at);
+    "#,
 ];
 
 /// Opens (creating if needed) the core database in `data_dir` and brings its schema up to
@@ -163,6 +173,8 @@ pub fn open(data_dir: &Path) -> Result<(Connection, PathBuf), CoreError> {
     // `Core::write_durable`, which syncs that commit and everything before it.
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Room for every statement the core runs (about 60), so none is parsed twice.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     migrate(&mut conn)?;
     Ok((conn, path))
 }

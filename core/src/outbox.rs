@@ -20,7 +20,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::error::CoreError;
 use crate::model::*;
-use crate::store::Core;
+use crate::store::{CachedSql, Core};
 
 pub(crate) fn append(
     tx: &Transaction<'_>,
@@ -29,7 +29,7 @@ pub(crate) fn append(
     now: Timestamp,
 ) -> Result<EventId, CoreError> {
     let payload = serde_json::to_string(event).map_err(|e| CoreError::Storage(e.to_string()))?;
-    tx.execute(
+    tx.exec(
         "INSERT INTO outbox (thread_id, request_id, kind, payload, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5)",
         params![event.thread(), request, event.kind(), payload, now],
@@ -49,7 +49,7 @@ impl Core {
         }
         let now = self.now();
         self.write(|tx| {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO outbox_subscribers (name, first_event, registered_at)
                  VALUES (?1, (SELECT COALESCE(MAX(id), 0) + 1 FROM outbox), ?2)
                  ON CONFLICT (name) DO NOTHING",
@@ -68,7 +68,7 @@ impl Core {
     ) -> Result<Vec<OutboxEvent>, CoreError> {
         self.read(|c| {
             let first: Option<i64> = c
-                .query_row(
+                .row(
                     "SELECT first_event FROM outbox_subscribers WHERE name = ?1",
                     [subscriber],
                     |r| r.get(0),
@@ -79,7 +79,7 @@ impl Core {
                     "unknown subscriber {subscriber}"
                 )));
             };
-            let mut stmt = c.prepare(
+            let mut stmt = c.prepare_cached(
                 "SELECT o.id, o.created_at, COALESCE(d.failed_attempts, 0), o.payload
                  FROM outbox o
                  LEFT JOIN outbox_deliveries d ON d.event_id = o.id AND d.subscriber = ?1
@@ -117,7 +117,7 @@ impl Core {
         self.write(|tx| {
             ensure_subscriber(tx, subscriber)?;
             ensure_event(tx, event)?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO outbox_deliveries (subscriber, event_id, done_at)
                  VALUES (?1, ?2, ?3)
                  ON CONFLICT (subscriber, event_id) DO UPDATE
@@ -139,7 +139,7 @@ impl Core {
         self.write(|tx| {
             ensure_subscriber(tx, subscriber)?;
             ensure_event(tx, event)?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO outbox_deliveries (subscriber, event_id, failed_attempts, last_error)
                  VALUES (?1, ?2, 1, ?3)
                  ON CONFLICT (subscriber, event_id) DO UPDATE
@@ -152,7 +152,7 @@ impl Core {
 }
 
 fn ensure_subscriber(tx: &Transaction<'_>, subscriber: &str) -> Result<(), CoreError> {
-    let exists: bool = tx.query_row(
+    let exists: bool = tx.row(
         "SELECT EXISTS (SELECT 1 FROM outbox_subscribers WHERE name = ?1)",
         [subscriber],
         |r| r.get(0),
@@ -167,7 +167,7 @@ fn ensure_subscriber(tx: &Transaction<'_>, subscriber: &str) -> Result<(), CoreE
 }
 
 fn ensure_event(tx: &Transaction<'_>, event: EventId) -> Result<(), CoreError> {
-    let exists: bool = tx.query_row(
+    let exists: bool = tx.row(
         "SELECT EXISTS (SELECT 1 FROM outbox WHERE id = ?1)",
         [event],
         |r| r.get(0),

@@ -22,7 +22,7 @@ use rusqlite::{Transaction, params};
 use crate::error::{CoreError, ThreadsError};
 use crate::ids;
 use crate::model::*;
-use crate::store::{self, Actor, Core, LiveRow};
+use crate::store::{self, Actor, CachedSql, Core, LiveRow};
 use crate::threads::{CONTINUE_INPUT, start_request};
 
 /// The longest `reason` a row may carry, in characters.
@@ -92,7 +92,7 @@ impl Core {
             if let Some(existing) = existing_row(tx, &failed.original_request)? {
                 return Err(ThreadsError::AlreadyQueued(existing));
             }
-            let inserted = tx.execute(
+            let inserted = tx.exec(
                 "INSERT INTO queued_rows (thread_id, original_request, failed_request, attempt,
                                           send_at, reason, wait_state, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'time', ?7, ?7)",
@@ -156,7 +156,7 @@ impl Core {
         let now = self.now();
         self.write(|tx| {
             let live = live_row(tx, row)?;
-            tx.execute(
+            tx.exec(
                 "UPDATE queued_rows SET send_at = ?2, reason = ?3, wait_state = 'time',
                         claim_gen = claim_gen + 1, claimed_at = NULL, updated_at = ?4
                  WHERE id = ?1",
@@ -205,7 +205,7 @@ impl Core {
     /// claimable when a turn finishes.
     pub fn next_due_at(&self) -> Result<Option<Timestamp>, CoreError> {
         self.read(|c| {
-            Ok(c.query_row(
+            Ok(c.row(
                 "SELECT MIN(send_at) FROM queued_rows WHERE wait_state = 'time'",
                 [],
                 |r| r.get(0),
@@ -224,10 +224,10 @@ impl Core {
             let limit = store::concurrency_limit(tx)?;
             let mut free = limit.saturating_sub(store::busy_slots(tx)?);
             let due: Vec<LiveRow> = {
-                let mut stmt = tx.prepare(&format!(
+                let mut stmt = tx.prepare_cached(&format!(
                     "SELECT {} FROM queued_rows q JOIN threads t ON t.id = q.thread_id
-                     WHERE q.wait_state != 'claimed'
-                       AND (q.send_at <= ?1 OR q.wait_state = 'waiting-for-slot')
+                     WHERE ((q.wait_state = 'time' AND q.send_at <= ?1)
+                            OR q.wait_state = 'waiting-for-slot')
                        AND t.archived = 0 AND t.status != 'active'
                        AND NOT EXISTS (SELECT 1 FROM queued_rows c
                                        WHERE c.thread_id = q.thread_id
@@ -246,7 +246,7 @@ impl Core {
                 }
                 if free == 0 {
                     if live.wait_state != "waiting-for-slot" {
-                        tx.execute(
+                        tx.exec(
                             "UPDATE queued_rows SET wait_state = 'waiting-for-slot', updated_at = ?2
                              WHERE id = ?1",
                             params![live.row.id, now],
@@ -266,7 +266,7 @@ impl Core {
                     continue;
                 }
                 let generation = live.claim_gen + 1;
-                tx.execute(
+                tx.exec(
                     "UPDATE queued_rows SET wait_state = 'claimed', claim_gen = ?2,
                             claimed_at = ?3, updated_at = ?3
                      WHERE id = ?1",
@@ -312,7 +312,7 @@ impl Core {
                     return Ok(Err(CoreError::Archived));
                 }
                 if thread.status == ThreadStatus::Active {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE queued_rows SET wait_state = 'time', claim_gen = claim_gen + 1,
                             claimed_at = NULL, updated_at = ?2 WHERE id = ?1",
                         params![live.row.id, now],
@@ -343,7 +343,7 @@ impl Core {
         let now = self.now();
         self.write(|tx| {
             let live = claimed_row(tx, claim)?;
-            tx.execute(
+            tx.exec(
                 "UPDATE queued_rows SET send_at = ?2, wait_state = 'time',
                         claim_gen = claim_gen + 1, claimed_at = NULL, updated_at = ?3
                  WHERE id = ?1",
@@ -397,7 +397,7 @@ impl Core {
                 return Err(CoreError::Archived);
             }
             let live = tx
-                .query_row(
+                .row(
                     &format!(
                         "SELECT {} FROM queued_rows WHERE thread_id = ?1
                          ORDER BY send_at, id LIMIT 1",
@@ -442,7 +442,7 @@ fn dispatch_row(
         failed.input.clone()
     };
     let request = ids::new_id("rq");
-    tx.execute(
+    tx.exec(
         "INSERT INTO turn_requests (id, thread_id, input, trigger, original_request, retry_of,
                                     attempt, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -469,7 +469,7 @@ fn dispatch_row(
 
 fn existing_row(tx: &Transaction<'_>, original_request: &str) -> rusqlite::Result<Option<RowId>> {
     use rusqlite::OptionalExtension;
-    tx.query_row(
+    tx.row(
         "SELECT id FROM queued_rows WHERE original_request = ?1",
         [original_request],
         |r| r.get(0),
@@ -491,4 +491,85 @@ fn prefixed_row_columns() -> String {
         .map(|c| format!("q.{c}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    const T0: Timestamp = 1_790_000_000_000;
+    const HOUR: Timestamp = 3_600_000;
+
+    /// A core with `n` threads in error, each with one retry row an hour from now.
+    fn queue_of(n: usize) -> (Core, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(ids::new_id("pooler-core-queue"));
+        let core = Core::open(&dir, ManualClock::new(T0)).unwrap();
+        let outcome = TurnOutcome {
+            result: TurnResult::Failed {
+                failure: Failure {
+                    category: FailureCategory::RateLimit,
+                    provider_code: None,
+                    http_status: Some(429),
+                    origin: FailureOrigin::Pool,
+                    retry_after: None,
+                    message: None,
+                },
+                partial_reply: String::new(),
+            },
+            input_accepted: false,
+            rate_limits: None,
+        };
+        for i in 0..n {
+            let thread = core.new_thread(Provider::Claude, None, None).unwrap();
+            core.send(&thread, "hello").unwrap();
+            let plan = core.start_turns().unwrap().remove(0);
+            core.record_outcome(&plan.request, &outcome).unwrap();
+            core.schedule_retry(&thread, &plan.request, T0 + HOUR + i as u64, "later")
+                .unwrap();
+        }
+        (core, dir)
+    }
+
+    /// SQLite virtual-machine steps `f` makes on the core's connection: a deterministic
+    /// measure of the work a query does.
+    fn vm_steps(core: &Core, f: impl FnOnce(&Core)) -> u64 {
+        let steps = Arc::new(AtomicU64::new(0));
+        let counter = steps.clone();
+        core.lock().progress_handler(
+            1,
+            Some(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+                false
+            }),
+        );
+        f(core);
+        core.lock().progress_handler(1, None::<fn() -> bool>);
+        steps.load(Ordering::Relaxed)
+    }
+
+    /// What the due loop does on every wake (start queued turns, claim due rows, find the
+    /// next send time) must not grow with the number of rows waiting for later: one
+    /// availability change moving N rows wakes it up to N times (issue 5).
+    #[test]
+    fn a_due_pass_costs_the_same_with_ten_times_more_future_rows() {
+        let pass = |core: &Core| {
+            assert!(core.start_turns().unwrap().is_empty());
+            assert!(core.claim_due(T0).unwrap().is_empty());
+            assert_eq!(core.next_due_at().unwrap(), Some(T0 + HOUR));
+        };
+        let (small, small_dir) = queue_of(40);
+        let (large, large_dir) = queue_of(400);
+        let (few, many) = (vm_steps(&small, pass), vm_steps(&large, pass));
+        assert!(
+            many < few * 2,
+            "a due pass took {many} steps with 400 future rows, {few} with 40"
+        );
+        drop((small, large));
+        std::fs::remove_dir_all(small_dir).unwrap();
+        std::fs::remove_dir_all(large_dir).unwrap();
+    }
 }

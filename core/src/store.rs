@@ -66,7 +66,7 @@ impl Core {
         self.clock.now_ms()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock leaves the connection usable: an open transaction
         // was rolled back when its guard dropped.
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
@@ -133,7 +133,7 @@ impl Core {
             ));
         }
         self.write(|tx| {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO settings (key, value) VALUES (?1, ?2)
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 params![CONCURRENCY_LIMIT_KEY, limit.to_string()],
@@ -145,7 +145,7 @@ impl Core {
 
 pub(crate) fn concurrency_limit(conn: &Connection) -> Result<u32, CoreError> {
     let stored: Option<String> = conn
-        .query_row(
+        .row(
             "SELECT value FROM settings WHERE key = ?1",
             [CONCURRENCY_LIMIT_KEY],
             |r| r.get(0),
@@ -224,7 +224,7 @@ fn thread_from_row(row: &Row<'_>) -> rusqlite::Result<ThreadRow> {
 }
 
 pub(crate) fn load_thread(conn: &Connection, id: &str) -> rusqlite::Result<Option<ThreadRow>> {
-    conn.query_row(
+    conn.row(
         &format!("SELECT {THREAD_COLUMNS} FROM threads WHERE id = ?1"),
         [id],
         thread_from_row,
@@ -233,7 +233,7 @@ pub(crate) fn load_thread(conn: &Connection, id: &str) -> rusqlite::Result<Optio
 }
 
 pub(crate) fn all_threads(conn: &Connection) -> rusqlite::Result<Vec<ThreadRow>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {THREAD_COLUMNS} FROM threads ORDER BY created_at, id"
     ))?;
     let rows = stmt.query_map([], thread_from_row)?;
@@ -245,7 +245,7 @@ pub(crate) fn latest_request(
     conn: &Connection,
     thread: &str,
 ) -> rusqlite::Result<Option<RequestId>> {
-    conn.query_row(
+    conn.row(
         "SELECT id FROM turn_requests WHERE thread_id = ?1 AND start_seq IS NOT NULL
          ORDER BY start_seq DESC LIMIT 1",
         [thread],
@@ -255,7 +255,7 @@ pub(crate) fn latest_request(
 }
 
 pub(crate) fn thread_info(conn: &Connection, t: &ThreadRow) -> rusqlite::Result<ThreadInfo> {
-    let input_queued: bool = conn.query_row(
+    let input_queued: bool = conn.row(
         "SELECT EXISTS (SELECT 1 FROM turn_requests WHERE thread_id = ?1 AND started_at IS NULL)",
         [&t.id],
         |r| r.get(0),
@@ -287,7 +287,7 @@ pub(crate) struct RequestRow {
 }
 
 pub(crate) fn load_request(conn: &Connection, id: &str) -> rusqlite::Result<Option<RequestRow>> {
-    conn.query_row(
+    conn.row(
         "SELECT id, thread_id, input, original_request, attempt, started_at, finished_at,
                 input_accepted
          FROM turn_requests WHERE id = ?1",
@@ -309,7 +309,7 @@ pub(crate) fn load_request(conn: &Connection, id: &str) -> rusqlite::Result<Opti
 }
 
 pub(crate) fn turn_records(conn: &Connection, thread: &str) -> rusqlite::Result<Vec<TurnRecord>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, input, trigger, original_request, attempt, created_at, started_at,
                 finished_at, outcome, reply, input_accepted, failure
          FROM turn_requests WHERE thread_id = ?1
@@ -341,7 +341,7 @@ pub(crate) fn turn_records(conn: &Connection, thread: &str) -> rusqlite::Result<
 /// Earlier exchanges whose input the provider accepted, oldest first, for the history a
 /// turn replays.
 pub(crate) fn exchanges(conn: &Connection, thread: &str) -> rusqlite::Result<Vec<Exchange>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT input, COALESCE(reply, '') FROM turn_requests
          WHERE thread_id = ?1 AND finished_at IS NOT NULL AND input_accepted = 1
          ORDER BY start_seq",
@@ -387,7 +387,7 @@ pub(crate) fn live_row_from(r: &Row<'_>) -> rusqlite::Result<LiveRow> {
 }
 
 pub(crate) fn load_row(conn: &Connection, id: RowId) -> rusqlite::Result<Option<LiveRow>> {
-    conn.query_row(
+    conn.row(
         &format!("SELECT {ROW_COLUMNS} FROM queued_rows WHERE id = ?1"),
         [id],
         live_row_from,
@@ -399,9 +399,13 @@ pub(crate) fn list_rows(
     conn: &Connection,
     thread: Option<&str>,
 ) -> rusqlite::Result<Vec<QueuedRow>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {ROW_COLUMNS} FROM queued_rows WHERE ?1 IS NULL OR thread_id = ?1
-         ORDER BY send_at, id"
+    // Two statements, so one thread's rows are found through its index.
+    let filter = match thread {
+        Some(_) => "WHERE thread_id = ?1",
+        None => "WHERE ?1 IS NULL",
+    };
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {ROW_COLUMNS} FROM queued_rows {filter} ORDER BY send_at, id"
     ))?;
     let rows = stmt.query_map([thread], |r| live_row_from(r).map(|l| l.row))?;
     rows.collect()
@@ -438,7 +442,7 @@ pub(crate) fn add_history(
     send_at: Option<Timestamp>,
     detail: Option<&str>,
 ) -> rusqlite::Result<()> {
-    tx.execute(
+    tx.exec(
         "INSERT INTO history (at, thread_id, row_id, original_request, actor, action, send_at,
                               detail)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -466,7 +470,7 @@ pub(crate) fn remove_row(
     action: &str,
     detail: &str,
 ) -> rusqlite::Result<()> {
-    tx.execute("DELETE FROM queued_rows WHERE id = ?1", [row.id])?;
+    tx.exec("DELETE FROM queued_rows WHERE id = ?1", [row.id])?;
     add_history(
         tx,
         at,
@@ -481,7 +485,7 @@ pub(crate) fn remove_row(
 }
 
 pub(crate) fn history(conn: &Connection, thread: &str) -> rusqlite::Result<Vec<HistoryEntry>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT at, thread_id, row_id, original_request, actor, action, send_at, detail
          FROM history WHERE thread_id = ?1 ORDER BY id",
     )?;
@@ -500,9 +504,36 @@ pub(crate) fn history(conn: &Connection, thread: &str) -> rusqlite::Result<Vec<H
     rows.collect()
 }
 
+/// The core's statements run through rusqlite's statement cache: `Connection::execute`
+/// and `query_row` parse their SQL on every call, and parsing was a sixth of the CPU of a
+/// pass that moves many rows (issue 5).
+pub(crate) trait CachedSql {
+    /// `execute` through the statement cache.
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+    /// `query_row` through the statement cache.
+    fn row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl CachedSql for Connection {
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+}
+
 /// Number of turns running now plus rows claimed for dispatch (each will become a turn).
 pub(crate) fn busy_slots(conn: &Connection) -> rusqlite::Result<u32> {
-    conn.query_row(
+    conn.row(
         "SELECT (SELECT COUNT(*) FROM turn_requests
                  WHERE started_at IS NOT NULL AND finished_at IS NULL)
               + (SELECT COUNT(*) FROM queued_rows WHERE wait_state = 'claimed')",
@@ -531,7 +562,7 @@ mod tests {
     use crate::clock::ManualClock;
 
     fn synchronous(core: &Core) -> i64 {
-        core.read(|c| c.query_row("PRAGMA synchronous", [], |r| r.get(0)))
+        core.read(|c| c.row("PRAGMA synchronous", [], |r| r.get(0)))
             .unwrap()
     }
 
@@ -542,19 +573,18 @@ mod tests {
         assert_eq!(synchronous(&core), 1, "NORMAL");
         let inside: i64 = core
             .write_durable(|tx| {
-                tx.execute(
+                tx.exec(
                     "INSERT INTO settings (key, value) VALUES ('probe', '1')",
                     [],
                 )?;
-                tx.query_row("PRAGMA synchronous", [], |r| r.get(0))
+                tx.row("PRAGMA synchronous", [], |r| r.get(0))
             })
             .unwrap();
         assert_eq!(inside, 2, "FULL while the durable commit runs");
         assert_eq!(synchronous(&core), 1, "back to NORMAL");
         assert_eq!(core.durable_commits(), 1);
         // A failed durable write goes back to NORMAL too, and is not counted.
-        let failed =
-            core.write_durable(|tx| tx.execute("INSERT INTO no_such_table VALUES (1)", []));
+        let failed = core.write_durable(|tx| tx.exec("INSERT INTO no_such_table VALUES (1)", []));
         assert!(failed.is_err());
         assert_eq!(synchronous(&core), 1);
         assert_eq!(core.durable_commits(), 1);

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use crate::error::{CoreError, ThreadsError};
 use crate::ids;
 use crate::model::*;
-use crate::store::{self, Actor, Core, ThreadRow};
+use crate::store::{self, Actor, CachedSql, Core, ThreadRow};
 
 /// The input a retry sends when the provider had already accepted the failed input.
 pub const CONTINUE_INPUT: &str = "Please continue.";
@@ -68,7 +68,7 @@ impl Core {
         validate_text("a thread id", id)?;
         let now = self.now();
         self.write(|tx| {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO threads (id, provider, model, session_id, route_base_url,
                                       route_token, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
@@ -93,7 +93,7 @@ impl Core {
         let now = self.now();
         self.write(|tx| {
             require_thread(tx, thread)?;
-            tx.execute(
+            tx.exec(
                 "UPDATE threads SET route_base_url = ?2, route_token = ?3, updated_at = ?4
                  WHERE id = ?1",
                 params![
@@ -118,7 +118,7 @@ impl Core {
             if t.archived {
                 return Err(CoreError::Archived);
             }
-            tx.execute(
+            tx.exec(
                 "INSERT INTO turn_requests (id, thread_id, input, trigger, original_request,
                                             attempt, created_at)
                  VALUES (?1, ?2, ?3, 'user', ?1, 1, ?4)",
@@ -135,7 +135,7 @@ impl Core {
         let now = self.now();
         self.write(|tx| {
             require_thread(tx, thread)?;
-            tx.execute(
+            tx.exec(
                 "UPDATE threads SET archived = 1, updated_at = ?2 WHERE id = ?1",
                 params![thread, now],
             )?;
@@ -152,7 +152,7 @@ impl Core {
         let now = self.now();
         self.write(|tx| {
             require_thread(tx, thread)?;
-            tx.execute(
+            tx.exec(
                 "UPDATE threads SET retry_opt_out = ?2, updated_at = ?3 WHERE id = ?1",
                 params![thread, opt_out, now],
             )?;
@@ -213,7 +213,7 @@ impl Core {
                 return Ok(plans);
             }
             let candidates: Vec<(String, String)> = {
-                let mut stmt = tx.prepare(
+                let mut stmt = tx.prepare_cached(
                     "SELECT r.id, r.thread_id FROM turn_requests r
                      JOIN threads t ON t.id = r.thread_id
                      WHERE r.started_at IS NULL AND t.archived = 0 AND t.status != 'active'
@@ -242,7 +242,7 @@ impl Core {
     /// here on still reports `input-accepted` truthfully.
     pub fn mark_input_accepted(&self, request: &str) -> Result<(), CoreError> {
         self.write(|tx| {
-            let n = tx.execute(
+            let n = tx.exec(
                 "UPDATE turn_requests SET input_accepted = 1
                  WHERE id = ?1 AND started_at IS NOT NULL AND finished_at IS NULL",
                 [request],
@@ -280,7 +280,7 @@ impl Core {
         self.write(|tx| {
             let mut report = RecoveryReport::default();
             let claimed: Vec<(RowId, String, String, Timestamp)> = {
-                let mut stmt = tx.prepare(
+                let mut stmt = tx.prepare_cached(
                     "SELECT id, thread_id, original_request, send_at FROM queued_rows
                      WHERE wait_state = 'claimed' ORDER BY id",
                 )?;
@@ -288,7 +288,7 @@ impl Core {
                     .collect::<Result<_, _>>()?
             };
             for (row, thread, original, send_at) in claimed {
-                tx.execute(
+                tx.exec(
                     "UPDATE queued_rows SET wait_state = 'time', claim_gen = claim_gen + 1,
                             claimed_at = NULL, updated_at = ?2 WHERE id = ?1",
                     params![row, now],
@@ -307,7 +307,7 @@ impl Core {
                 report.released_rows.push(row);
             }
             let running: Vec<(String, bool)> = {
-                let mut stmt = tx.prepare(
+                let mut stmt = tx.prepare_cached(
                     "SELECT id, input_accepted FROM turn_requests
                      WHERE started_at IS NOT NULL AND finished_at IS NULL ORDER BY start_seq",
                 )?;
@@ -362,20 +362,20 @@ pub(crate) fn start_request(
 ) -> Result<TurnPlan, CoreError> {
     let t = require_thread(tx, thread)?;
     let history = store::exchanges(tx, thread)?;
-    let seq: i64 = tx.query_row(
+    let seq: i64 = tx.row(
         "SELECT COALESCE(MAX(start_seq), 0) + 1 FROM turn_requests WHERE thread_id = ?1",
         [thread],
         |r| r.get(0),
     )?;
-    tx.execute(
+    tx.exec(
         "UPDATE turn_requests SET start_seq = ?2, started_at = ?3 WHERE id = ?1",
         params![request, seq, now],
     )?;
-    tx.execute(
+    tx.exec(
         "UPDATE threads SET status = 'active', updated_at = ?2 WHERE id = ?1",
         params![thread, now],
     )?;
-    let (input, attempt, original_request, trigger): (String, u32, String, String) = tx.query_row(
+    let (input, attempt, original_request, trigger): (String, u32, String, String) = tx.row(
         "SELECT input, attempt, original_request, trigger FROM turn_requests WHERE id = ?1",
         [request],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
@@ -411,7 +411,7 @@ fn finish_turn(
     let input_accepted = outcome.input_accepted || req.input_accepted;
 
     if let Some(snapshot) = &outcome.rate_limits {
-        tx.execute(
+        tx.exec(
             "INSERT INTO rate_limits (provider, snapshot, observed_at) VALUES (?1, ?2, ?3)
              ON CONFLICT (provider) DO UPDATE
                 SET snapshot = excluded.snapshot, observed_at = excluded.observed_at
@@ -426,7 +426,7 @@ fn finish_turn(
 
     let event = match &outcome.result {
         TurnResult::Succeeded { reply } => {
-            tx.execute(
+            tx.exec(
                 "UPDATE turn_requests SET finished_at = ?2, outcome = 'ok', reply = ?3,
                         input_accepted = 1
                  WHERE id = ?1",
@@ -448,7 +448,7 @@ fn finish_turn(
         } => {
             let failure_json =
                 serde_json::to_string(failure).map_err(|e| CoreError::Storage(e.to_string()))?;
-            tx.execute(
+            tx.exec(
                 "UPDATE turn_requests SET finished_at = ?2, outcome = 'failed', reply = ?3,
                         input_accepted = ?4, failure = ?5
                  WHERE id = ?1",
@@ -466,7 +466,7 @@ fn finish_turn(
             let chain_started_at: Timestamp = if req.original_request == req.id {
                 now
             } else {
-                tx.query_row(
+                tx.row(
                     "SELECT finished_at FROM turn_requests WHERE id = ?1",
                     [&req.original_request],
                     |r| r.get::<_, Option<Timestamp>>(0),
@@ -476,7 +476,7 @@ fn finish_turn(
                 .unwrap_or(now)
             };
             let rate_limits: Option<RateLimitSnapshot> = tx
-                .query_row(
+                .row(
                     "SELECT snapshot FROM rate_limits WHERE provider = ?1",
                     [thread.provider.as_str()],
                     |r| r.get::<_, String>(0),
@@ -516,7 +516,7 @@ fn set_status(
     status: ThreadStatus,
     now: Timestamp,
 ) -> rusqlite::Result<()> {
-    tx.execute(
+    tx.exec(
         "UPDATE threads SET status = ?2, updated_at = ?3 WHERE id = ?1",
         params![thread, status.as_str(), now],
     )?;

@@ -210,6 +210,20 @@ impl CoreThreads {
         }
         result.map_err(threads_error)
     }
+
+    /// Like [`Self::answer`] for a call that leaves a row at a send time: the due loop is
+    /// woken only if that time is earlier than its armed timer.
+    fn answer_row(
+        &self,
+        caller: &str,
+        call: &str,
+        result: Result<wit::QueuedRow, pc::ThreadsError>,
+    ) -> Result<wit::QueuedRow, ThreadsError> {
+        if let Ok(row) = &result {
+            self.signals.due_at(row.send_at);
+        }
+        self.answer(caller, call, false, result)
+    }
 }
 
 impl ThreadsService for CoreThreads {
@@ -230,7 +244,7 @@ impl ThreadsService for CoreThreads {
             .core
             .schedule_retry(thread, failed_request, send_at, reason)
             .map(row);
-        self.answer(caller, "schedule-retry", true, result)
+        self.answer_row(caller, "schedule-retry", result)
     }
 
     fn reschedule(
@@ -241,7 +255,7 @@ impl ThreadsService for CoreThreads {
         reason: &str,
     ) -> Result<wit::QueuedRow, ThreadsError> {
         let result = self.core.reschedule(id, send_at, reason).map(row);
-        self.answer(caller, "reschedule", true, result)
+        self.answer_row(caller, "reschedule", result)
     }
 
     fn cancel(&self, caller: &str, id: wit::RowId, reason: &str) -> Result<(), ThreadsError> {

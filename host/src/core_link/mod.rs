@@ -205,6 +205,21 @@ impl Signals {
         self.modify(|a| a.due_dirty = true);
     }
 
+    /// A row was scheduled or moved to `send_at`: the due loop looks again, unless its armed
+    /// timer fires no later than that anyway (then the pass at that timer sees the row).
+    /// One availability change can move thousands of rows; each used to wake the loop for a
+    /// pass over the queue.
+    pub(crate) fn due_at(&self, send_at: Timestamp) {
+        self.0.send_if_modified(|a| {
+            let armed_in_time = !a.due_busy && a.due_next.is_some_and(|next| next <= send_at);
+            if a.due_dirty || armed_in_time {
+                return false;
+            }
+            a.due_dirty = true;
+            true
+        });
+    }
+
     fn outbox(&self) {
         self.modify(|a| a.outbox_dirty = true);
     }
@@ -1099,6 +1114,55 @@ mod tests {
             set(&mut b);
             assert!(!b.idle_at(now), "{b:?}");
         }
+    }
+
+    /// A row scheduled or moved wakes the due loop only when its armed timer would fire
+    /// too late for it, or when no timer is armed (idle with no future row, or a pass
+    /// running that may already have read the queue).
+    #[test]
+    fn a_row_wakes_the_due_loop_only_before_its_armed_timer() {
+        let signals = Signals(watch::Sender::new(Activity::default()));
+        let mut rx = signals.0.subscribe();
+        let armed = |next: Option<Timestamp>, busy: bool| {
+            signals.modify(|a| {
+                a.due_next = next;
+                a.due_busy = busy;
+                a.due_dirty = false;
+            });
+        };
+        let woke = |rx: &mut watch::Receiver<Activity>| {
+            let changed = rx.has_changed().unwrap();
+            let dirty = rx.borrow_and_update().due_dirty;
+            assert_eq!(
+                changed, dirty,
+                "a watcher is notified exactly when the loop must look"
+            );
+            dirty
+        };
+        armed(Some(5_000), false);
+        rx.borrow_and_update();
+        signals.due_at(5_000);
+        assert!(!woke(&mut rx), "the timer at 5 s sees a row at 5 s");
+        signals.due_at(9_000);
+        assert!(!woke(&mut rx), "nor one later");
+        signals.due_at(4_999);
+        assert!(woke(&mut rx), "an earlier row wakes the loop");
+        signals.due_at(1_000);
+        assert!(
+            !rx.has_changed().unwrap(),
+            "already woken: no second notification"
+        );
+        armed(None, false);
+        rx.borrow_and_update();
+        signals.due_at(9_000);
+        assert!(woke(&mut rx), "no timer armed: the loop sleeps until woken");
+        armed(Some(5_000), true);
+        rx.borrow_and_update();
+        signals.due_at(9_000);
+        assert!(
+            woke(&mut rx),
+            "a pass is running and may have read the queue already"
+        );
     }
 
     #[test]
