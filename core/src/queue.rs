@@ -539,15 +539,19 @@ mod tests {
     fn vm_steps(core: &Core, f: impl FnOnce(&Core)) -> u64 {
         let steps = Arc::new(AtomicU64::new(0));
         let counter = steps.clone();
-        core.lock().progress_handler(
-            1,
-            Some(move || {
-                counter.fetch_add(1, Ordering::Relaxed);
-                false
-            }),
-        );
+        core.lock()
+            .progress_handler(
+                1,
+                Some(move || {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    false
+                }),
+            )
+            .unwrap();
         f(core);
-        core.lock().progress_handler(1, None::<fn() -> bool>);
+        core.lock()
+            .progress_handler(1, None::<fn() -> bool>)
+            .unwrap();
         steps.load(Ordering::Relaxed)
     }
 
