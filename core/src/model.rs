@@ -197,6 +197,14 @@ pub struct RateLimitSnapshot {
     pub observed_at: Timestamp,
 }
 
+/// One move of a live row for [`crate::Core::reschedule_many`] (WIT `threads.row-move`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowMove {
+    pub row: RowId,
+    pub send_at: Timestamp,
+    pub reason: String,
+}
+
 /// A live row of the retry queue (WIT `queued-row`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

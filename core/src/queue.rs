@@ -50,6 +50,40 @@ fn live_row(tx: &Transaction<'_>, id: RowId) -> Result<LiveRow, ThreadsError> {
     store::load_row(tx, id)?.ok_or(ThreadsError::NoSuchRow(id))
 }
 
+/// Moves live row `id` to `send_at` (voiding any claim), with its history entry. Refused
+/// with `no-such-row` before any write.
+fn move_row(
+    tx: &Transaction<'_>,
+    id: RowId,
+    send_at: Timestamp,
+    reason: &str,
+    now: Timestamp,
+) -> Result<QueuedRow, ThreadsError> {
+    let live = live_row(tx, id)?;
+    tx.exec(
+        "UPDATE queued_rows SET send_at = ?2, reason = ?3, wait_state = 'time',
+                claim_gen = claim_gen + 1, claimed_at = NULL, updated_at = ?4
+         WHERE id = ?1",
+        params![id, send_at, reason, now],
+    )?;
+    store::add_history(
+        tx,
+        now,
+        &live.row.thread,
+        Some(id),
+        Some(&live.row.original_request),
+        Actor::Plugin,
+        "rescheduled",
+        Some(send_at),
+        Some(&format!("{} → {send_at}: {reason}", live.row.send_at)),
+    )?;
+    let mut row = live.row;
+    row.send_at = send_at;
+    row.reason = reason.to_owned();
+    row.waiting_for_slot = false;
+    Ok(row)
+}
+
 /// The row behind `claim`, if the claim is still the current one.
 fn claimed_row(tx: &Transaction<'_>, claim: &Claim) -> Result<LiveRow, CoreError> {
     let live = store::load_row(tx, claim.row.id)?.ok_or(CoreError::ClaimLost(claim.row.id))?;
@@ -154,27 +188,28 @@ impl Core {
     ) -> Result<QueuedRow, ThreadsError> {
         validate_reason(reason)?;
         let now = self.now();
-        self.write(|tx| {
-            let live = live_row(tx, row)?;
-            tx.exec(
-                "UPDATE queued_rows SET send_at = ?2, reason = ?3, wait_state = 'time',
-                        claim_gen = claim_gen + 1, claimed_at = NULL, updated_at = ?4
-                 WHERE id = ?1",
-                params![row, send_at, reason, now],
-            )?;
-            store::add_history(
-                tx,
-                now,
-                &live.row.thread,
-                Some(row),
-                Some(&live.row.original_request),
-                Actor::Plugin,
-                "rescheduled",
-                Some(send_at),
-                Some(&format!("{} → {send_at}: {reason}", live.row.send_at)),
-            )?;
-            Ok(live_row(tx, row)?.row)
-        })
+        self.write(|tx| move_row(tx, row, send_at, reason, now))
+    }
+
+    /// `threads.reschedule-many`: each move as [`Core::reschedule`] would make it, one
+    /// answer per move in order, all in one commit. A refused move changes nothing and does
+    /// not stop the others; a database failure answers `storage` for every move, and nothing
+    /// moved.
+    pub fn reschedule_many(&self, moves: &[RowMove]) -> Vec<Result<QueuedRow, ThreadsError>> {
+        let now = self.now();
+        let done = self.write(|tx| {
+            let mut answers = Vec::with_capacity(moves.len());
+            for m in moves {
+                let answer = validate_reason(&m.reason)
+                    .and_then(|()| move_row(tx, m.row, m.send_at, &m.reason, now));
+                if let Err(ThreadsError::Storage(e)) = answer {
+                    return Err(ThreadsError::Storage(e));
+                }
+                answers.push(answer);
+            }
+            Ok(answers)
+        });
+        done.unwrap_or_else(|e| vec![Err(e); moves.len()])
     }
 
     /// `threads.cancel`: removes a live row without dispatching it.

@@ -169,6 +169,25 @@ impl Core {
         })
     }
 
+    /// `threads.get-threads`: each thread as [`Core::get_thread`] reads it, one answer per
+    /// id in order, all read in one transaction (one instant).
+    pub fn get_threads(&self, threads: &[&str]) -> Vec<Result<ThreadInfo, ThreadsError>> {
+        let read = self.read(|c| {
+            let tx = c.unchecked_transaction()?;
+            let infos = threads
+                .iter()
+                .map(|thread| {
+                    let t = store::load_thread(&tx, thread)?
+                        .ok_or_else(|| ThreadsError::NoSuchThread(thread.to_string()))?;
+                    Ok(store::thread_info(&tx, &t)?)
+                })
+                .collect();
+            tx.finish()?;
+            Ok::<_, ThreadsError>(infos)
+        });
+        read.unwrap_or_else(|e| vec![Err(e); threads.len()])
+    }
+
     /// Every thread (archived ones included), oldest first.
     pub fn list_threads(&self) -> Result<Vec<ThreadView>, CoreError> {
         self.read(|c| {

@@ -194,6 +194,75 @@ fn reschedule_moves_the_row_without_spending_an_attempt_or_creating_a_row() {
     assert_eq!(show.turns.len(), 1, "no turn request was created");
 }
 
+/// `reschedule-many`: each move as `reschedule` makes it, answers in order; a refused move
+/// (unknown row, bad reason) changes nothing and does not stop the others; all in one
+/// commit, seen by another connection.
+#[test]
+fn reschedule_many_moves_each_row_and_refuses_only_the_bad_moves() {
+    let f = Fixture::new();
+    let rows: Vec<QueuedRow> = ["one", "two"]
+        .iter()
+        .map(|text| {
+            let (thread, failed) = f.failed_thread(text);
+            f.core
+                .schedule_retry(&thread, &failed, T0 + 7_200_000, "blocked")
+                .unwrap()
+        })
+        .collect();
+    let mv = |row: RowId, send_at: Timestamp, reason: &str| RowMove {
+        row,
+        send_at,
+        reason: reason.into(),
+    };
+    let answers = f.core.reschedule_many(&[
+        mv(rows[0].id, T0 + 30_000, "account enabled"),
+        mv(42, T0, "gone"),
+        mv(rows[1].id, T0 + 40_000, ""),
+        mv(rows[1].id, T0 + 50_000, "account enabled"),
+    ]);
+    assert_eq!(answers.len(), 4);
+    let moved = answers[0].clone().unwrap();
+    assert_eq!(
+        (
+            moved.id,
+            moved.attempt,
+            moved.send_at,
+            moved.reason.as_str()
+        ),
+        (rows[0].id, 2, T0 + 30_000, "account enabled")
+    );
+    assert_eq!(answers[1], Err(ThreadsError::NoSuchRow(42)));
+    assert!(matches!(answers[2], Err(ThreadsError::InvalidArgument(_))));
+    assert_eq!(answers[3].clone().unwrap().send_at, T0 + 50_000);
+    let other = f.second_connection();
+    let stored = other.list_rows(None).unwrap();
+    assert_eq!(
+        stored,
+        vec![answers[0].clone().unwrap(), answers[3].clone().unwrap()],
+        "what was answered is what is stored"
+    );
+    assert!(f.core.reschedule_many(&[]).is_empty());
+}
+
+/// `get-threads`: each thread as `get-thread` reads it, in order, unknown ids refused.
+#[test]
+fn get_threads_answers_each_thread_in_order() {
+    let f = Fixture::new();
+    let (failed, _) = f.failed_thread("one");
+    let (running, _) = f.running_thread(Provider::Claude, "two");
+    let answers = f.core.get_threads(&[&running, "th_unknown", &failed]);
+    assert_eq!(
+        answers,
+        vec![
+            f.core.get_thread(&running),
+            Err(ThreadsError::NoSuchThread("th_unknown".into())),
+            f.core.get_thread(&failed),
+        ]
+    );
+    assert_eq!(answers[0].as_ref().unwrap().status, ThreadStatus::Active);
+    assert_eq!(answers[2].as_ref().unwrap().status, ThreadStatus::Error);
+}
+
 #[test]
 fn reschedule_and_cancel_of_an_unknown_row_are_refused() {
     let f = Fixture::new();

@@ -31,6 +31,7 @@ pub mod retry {
         imports: {
             // Answered by a fresh instance of the pool: the host awaits it.
             "pooler:plugins/availability.query": async | trappable,
+            "pooler:plugins/availability.query-many": async | trappable,
             default: trappable,
         },
         exports: { default: async },

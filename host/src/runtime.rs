@@ -163,6 +163,22 @@ pub struct Host {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// What the host answers for a pool that could not answer.
+const SOURCE_UNAVAILABLE: Availability =
+    Availability::Unavailable(UnavailableReason::SourceUnavailable);
+
+/// A plugin's query as the pool's export takes it.
+fn pool_query(
+    query: AvailabilityQuery,
+) -> crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
+    crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
+        thread: query.thread,
+        provider: query.provider,
+        request: query.request,
+        model: query.model,
+    }
+}
+
 /// Answers availability queries for the stores (holds the host weakly: stores must not keep
 /// the host alive).
 struct Mediator(Weak<Shared>);
@@ -177,7 +193,21 @@ impl AvailabilitySource for Mediator {
         Box::pin(async move {
             match host {
                 Some(host) => host.query_availability(&caller, query).await,
-                None => Availability::Unavailable(UnavailableReason::SourceUnavailable),
+                None => SOURCE_UNAVAILABLE,
+            }
+        })
+    }
+
+    fn query_many(
+        &self,
+        caller: Arc<str>,
+        queries: Vec<AvailabilityQuery>,
+    ) -> Pin<Box<dyn Future<Output = Vec<Availability>> + Send>> {
+        let host = self.0.upgrade().map(|shared| Host { shared });
+        Box::pin(async move {
+            match host {
+                Some(host) => host.query_availability_many(&caller, queries).await,
+                None => vec![SOURCE_UNAVAILABLE; queries.len()],
             }
         })
     }
@@ -513,8 +543,63 @@ impl Host {
 
     /// Answer an availability query from `caller` through a fresh instance of the pool.
     pub async fn query_availability(&self, caller: &str, query: AvailabilityQuery) -> Availability {
+        let query = pool_query(query);
+        let mut answers = self
+            .ask_pool(caller, "availability.query", 1, move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_availability()
+                        .call_query(store, &query)
+                        .await
+                        .map(|answer| vec![answer])
+                })
+            })
+            .await;
+        answers.pop().unwrap_or(SOURCE_UNAVAILABLE)
+    }
+
+    /// Answer several availability queries from `caller` with one call into a fresh
+    /// instance of the pool (`availability.query-many`): one answer per query, in order.
+    pub async fn query_availability_many(
+        &self,
+        caller: &str,
+        queries: Vec<AvailabilityQuery>,
+    ) -> Vec<Availability> {
+        if queries.is_empty() {
+            return Vec::new();
+        }
+        let count = queries.len();
+        let queries: Vec<_> = queries.into_iter().map(pool_query).collect();
+        self.ask_pool(
+            caller,
+            "availability.query-many",
+            count,
+            move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_availability()
+                        .call_query_many(store, &queries)
+                        .await
+                })
+            },
+        )
+        .await
+    }
+
+    /// The contract of both availability calls: `not-routed` without a pool;
+    /// `source-unavailable` for every query when the pool traps, takes over 5 s, answers
+    /// the wrong number of answers, or is the caller itself.
+    async fn ask_pool(
+        &self,
+        caller: &str,
+        name: &str,
+        count: usize,
+        call: impl for<'a> FnOnce(
+            &'a mut Store<PluginState>,
+            &'a AccountPool,
+        ) -> CallFuture<'a, Vec<Availability>>
+        + Send,
+    ) -> Vec<Availability> {
         if self.shared.pool.is_none() {
-            return Availability::NotRouted;
+            return vec![Availability::NotRouted; count];
         }
         if caller == Role::AccountPool.name() {
             // The pool asking itself would be a call into a plugin from inside its own call.
@@ -522,31 +607,26 @@ impl Host {
                 plugin = caller,
                 "refused an availability query of the pool by itself"
             );
-            return Availability::Unavailable(UnavailableReason::SourceUnavailable);
+            return vec![SOURCE_UNAVAILABLE; count];
         }
-        use crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery as PoolQuery;
-        let query = PoolQuery {
-            thread: query.thread,
-            provider: query.provider,
-            request: query.request,
-            model: query.model,
-        };
-        let call = self.call_pool("availability.query", move |store, pool| {
-            Box::pin(async move {
-                pool.pooler_plugins_availability()
-                    .call_query(store, &query)
-                    .await
-            })
-        });
-        match tokio::time::timeout(AVAILABILITY_TIMEOUT, call).await {
-            Ok(Ok(answer)) => answer,
+        match tokio::time::timeout(AVAILABILITY_TIMEOUT, self.call_pool(name, call)).await {
+            Ok(Ok(answers)) if answers.len() == count => answers,
+            Ok(Ok(answers)) => {
+                tracing::warn!(
+                    caller,
+                    asked = count,
+                    answered = answers.len(),
+                    "availability source answered the wrong number of queries"
+                );
+                vec![SOURCE_UNAVAILABLE; count]
+            }
             Ok(Err(e)) => {
                 tracing::warn!(caller, error = %e, "availability source failed");
-                Availability::Unavailable(UnavailableReason::SourceUnavailable)
+                vec![SOURCE_UNAVAILABLE; count]
             }
             Err(_) => {
                 tracing::warn!(caller, "availability source did not answer within 5 s");
-                Availability::Unavailable(UnavailableReason::SourceUnavailable)
+                vec![SOURCE_UNAVAILABLE; count]
             }
         }
     }

@@ -127,6 +127,31 @@ async fn a_pool_that_traps_or_overruns_answers_source_unavailable_and_the_next_q
     );
 }
 
+/// `query-many` answers each query in order through one call into the pool; a pool that
+/// traps, overruns or answers a list of another length gets `source-unavailable` for every
+/// query, and the next call works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_many_answers_in_order_or_source_unavailable_for_all() {
+    let host = both("deadline-ms = 200");
+    let ask = async |threads: &str| {
+        host.set_setting(Role::ProviderRetry, "query-thread", threads)
+            .await
+            .unwrap();
+        retry_tick(&host).await;
+        host.setting(Role::ProviderRetry, "answer").await.unwrap()
+    };
+    let unavailable = "unavailable:UnavailableReason::SourceUnavailable";
+    assert_eq!(ask("t1,t2").await, "not-routed;not-routed");
+    for broken in ["t1,trap", "spin,t1", "t1,short,t2"] {
+        let answers = ask(broken).await;
+        assert!(
+            answers.split(';').all(|a| a == unavailable) && answers.split(';').count() >= 2,
+            "{broken}: {answers}"
+        );
+    }
+    assert_eq!(ask("t1,t2,t3").await, "not-routed;not-routed;not-routed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_call_that_traps_names_the_plugin_and_the_call_and_the_next_call_works() {
     let host = both("");

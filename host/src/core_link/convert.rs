@@ -11,7 +11,9 @@ use pooler_core::Core;
 use super::Signals;
 use crate::bindings::retry::exports::pooler::plugins::turn_events as events;
 use crate::bindings::types as wit;
-use crate::imports::threads::{ThreadInfo, ThreadStatus, ThreadsError, ThreadsService};
+use crate::imports::threads::{
+    self as wit_threads, ThreadInfo, ThreadStatus, ThreadsError, ThreadsService,
+};
 
 pub(crate) fn provider(p: pc::Provider) -> wit::Provider {
     match p {
@@ -273,5 +275,38 @@ impl ThreadsService for CoreThreads {
             .list_rows(thread)
             .map(|rows| rows.into_iter().map(row).collect());
         self.answer(caller, "list-rows", false, result)
+    }
+
+    fn get_threads(
+        &self,
+        caller: &str,
+        threads: &[String],
+    ) -> Vec<Result<ThreadInfo, ThreadsError>> {
+        let ids: Vec<&str> = threads.iter().map(String::as_str).collect();
+        self.core
+            .get_threads(&ids)
+            .into_iter()
+            .map(|r| self.answer(caller, "get-threads", false, r.map(thread_info)))
+            .collect()
+    }
+
+    fn reschedule_many(
+        &self,
+        caller: &str,
+        moves: &[wit_threads::RowMove],
+    ) -> Vec<Result<wit::QueuedRow, ThreadsError>> {
+        let moves: Vec<pc::RowMove> = moves
+            .iter()
+            .map(|m| pc::RowMove {
+                row: m.row,
+                send_at: m.send_at,
+                reason: m.reason.clone(),
+            })
+            .collect();
+        self.core
+            .reschedule_many(&moves)
+            .into_iter()
+            .map(|r| self.answer_row(caller, "reschedule-many", r.map(row)))
+            .collect()
     }
 }

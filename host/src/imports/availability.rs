@@ -21,6 +21,13 @@ pub trait AvailabilitySource: Send + Sync + 'static {
         caller: Arc<str>,
         query: AvailabilityQuery,
     ) -> Pin<Box<dyn Future<Output = Availability> + Send>>;
+
+    /// `query-many`: one answer per query, in order, under the same rules as `query`.
+    fn query_many(
+        &self,
+        caller: Arc<str>,
+        queries: Vec<AvailabilityQuery>,
+    ) -> Pin<Box<dyn Future<Output = Vec<Availability>> + Send>>;
 }
 
 /// Per-instance state: the caller and who answers.
@@ -51,5 +58,12 @@ pub fn add_to_linker<T: Send + 'static>(
 impl Host for &mut AvailabilityCtx {
     async fn query(&mut self, query: AvailabilityQuery) -> wasmtime::Result<Availability> {
         Ok(self.source.query(self.plugin.clone(), query).await)
+    }
+
+    async fn query_many(
+        &mut self,
+        queries: Vec<AvailabilityQuery>,
+    ) -> wasmtime::Result<Vec<Availability>> {
+        Ok(self.source.query_many(self.plugin.clone(), queries).await)
     }
 }

@@ -8,7 +8,7 @@ use wasmtime::component::{HasData, Linker};
 
 use crate::bindings::retry::pooler::plugins::threads::{self, Host};
 pub use crate::bindings::retry::pooler::plugins::threads::{
-    ThreadInfo, ThreadStatus, ThreadsError,
+    RowMove, ThreadInfo, ThreadStatus, ThreadsError,
 };
 use crate::bindings::types::{QueuedRow, RowId, Timestamp};
 
@@ -34,6 +34,28 @@ pub trait ThreadsService: Send + Sync + 'static {
     fn cancel(&self, caller: &str, row: RowId, reason: &str) -> Result<(), ThreadsError>;
     fn list_rows(&self, caller: &str, thread: Option<&str>)
     -> Result<Vec<QueuedRow>, ThreadsError>;
+
+    /// `get-threads`; by default one `get_thread` per id.
+    fn get_threads(
+        &self,
+        caller: &str,
+        threads: &[String],
+    ) -> Vec<Result<ThreadInfo, ThreadsError>> {
+        threads.iter().map(|t| self.get_thread(caller, t)).collect()
+    }
+
+    /// `reschedule-many`; by default one `reschedule` per move (a service whose moves can
+    /// share a commit should override it).
+    fn reschedule_many(
+        &self,
+        caller: &str,
+        moves: &[RowMove],
+    ) -> Vec<Result<QueuedRow, ThreadsError>> {
+        moves
+            .iter()
+            .map(|m| self.reschedule(caller, m.row, m.send_at, &m.reason))
+            .collect()
+    }
 }
 
 /// The service of a host built without a core: every call is refused with a storage error
@@ -139,5 +161,19 @@ impl Host for &mut ThreadsCtx {
         thread: Option<String>,
     ) -> wasmtime::Result<Result<Vec<QueuedRow>, ThreadsError>> {
         Ok(self.service.list_rows(&self.plugin, thread.as_deref()))
+    }
+
+    fn get_threads(
+        &mut self,
+        threads: Vec<String>,
+    ) -> wasmtime::Result<Vec<Result<ThreadInfo, ThreadsError>>> {
+        Ok(self.service.get_threads(&self.plugin, &threads))
+    }
+
+    fn reschedule_many(
+        &mut self,
+        moves: Vec<RowMove>,
+    ) -> wasmtime::Result<Vec<Result<QueuedRow, ThreadsError>>> {
+        Ok(self.service.reschedule_many(&self.plugin, &moves))
     }
 }

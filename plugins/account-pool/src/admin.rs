@@ -648,21 +648,40 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Admin<'a, D, U, E> {
         provider: Provider,
         model: Option<&str>,
     ) -> Result<Availability, DbError> {
-        let s = self.store.settings()?;
-        if !s.routing(provider) || !self.store.has_route(thread, provider)? {
-            return Ok(Availability::NotRouted);
-        }
-        let family = match provider {
-            Provider::Claude => model.map(Family::of),
-            Provider::Codex => None,
-        };
-        let accounts = self.store.accounts(Some(provider))?;
-        Ok(policy::verdict(
-            &accounts,
-            family,
-            s.switch_threshold,
-            self.env.now(),
-        ))
+        let mut answers = self.availability_many(&[(thread, provider, model)])?;
+        Ok(answers.remove(0))
+    }
+
+    /// The answers for several threads' next requests, as [`Admin::availability`] gives
+    /// each, read at one instant: settings and each provider's accounts are read once.
+    pub fn availability_many(
+        &self,
+        queries: &[(&str, Provider, Option<&str>)],
+    ) -> Result<Vec<Availability>, DbError> {
+        self.store.read(|store| {
+            let s = store.settings()?;
+            let now = self.env.now();
+            let mut accounts = std::collections::HashMap::new();
+            let mut answers = Vec::with_capacity(queries.len());
+            for &(thread, provider, model) in queries {
+                if !s.routing(provider) || !store.has_route(thread, provider)? {
+                    answers.push(Availability::NotRouted);
+                    continue;
+                }
+                let family = match provider {
+                    Provider::Claude => model.map(Family::of),
+                    Provider::Codex => None,
+                };
+                let accounts = match accounts.entry(provider) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(store.accounts(Some(provider))?)
+                    }
+                };
+                answers.push(policy::verdict(accounts, family, s.switch_threshold, now));
+            }
+            Ok(answers)
+        })
     }
 
     /// The pool-wide answer for a new conversation of `provider`.

@@ -495,16 +495,28 @@ struct Component;
 
 impl availability::Guest for Component {
     fn query(query: availability::AvailabilityQuery) -> types::Availability {
-        let provider = provider_in(query.provider);
-        let answer = WitDb::open().and_then(|db| {
-            Admin::new(&db, &WasiUpstream, &WasiEnv)?.availability(
-                &query.thread,
-                provider,
-                query.model.as_deref(),
-            )
-        });
-        match answer {
-            Ok(a) => availability_out(a),
+        Self::query_many(vec![query])
+            .pop()
+            .unwrap_or(types::Availability::Unavailable(
+                types::UnavailableReason::SourceUnavailable,
+            ))
+    }
+
+    fn query_many(queries: Vec<availability::AvailabilityQuery>) -> Vec<types::Availability> {
+        let asked: Vec<(&str, model::Provider, Option<&str>)> = queries
+            .iter()
+            .map(|q| {
+                (
+                    q.thread.as_str(),
+                    provider_in(q.provider),
+                    q.model.as_deref(),
+                )
+            })
+            .collect();
+        let answers = WitDb::open()
+            .and_then(|db| Admin::new(&db, &WasiUpstream, &WasiEnv)?.availability_many(&asked));
+        match answers {
+            Ok(answers) => answers.into_iter().map(availability_out).collect(),
             // The pool answered but could not read its state: say so rather than guess.
             Err(e) => {
                 WasiEnv.log(
@@ -512,7 +524,9 @@ impl availability::Guest for Component {
                     "Account Pooler availability query failed",
                     &[("error", e.to_string())],
                 );
-                types::Availability::Unavailable(types::UnavailableReason::SourceUnavailable)
+                let unavailable =
+                    types::Availability::Unavailable(types::UnavailableReason::SourceUnavailable);
+                vec![unavailable; queries.len()]
             }
         }
     }

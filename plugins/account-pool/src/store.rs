@@ -216,6 +216,28 @@ impl<'a, D: Db> Store<'a, D> {
         })
     }
 
+    /// Run `f` in one read transaction (`BEGIN DEFERRED`): every read sees the same
+    /// instant, and SQLite takes its read lock once instead of once per statement. Inside a
+    /// `tx`, `f` joins it.
+    pub fn read<T>(
+        &self,
+        f: impl FnOnce(&Store<'a, D>) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        if self.in_tx.get() {
+            return f(self);
+        }
+        self.db.execute_batch("BEGIN DEFERRED")?;
+        self.in_tx.set(true);
+        let result = f(self);
+        self.in_tx.set(false);
+        let end = self
+            .db
+            .execute_batch(if result.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        let value = result?;
+        end?;
+        Ok(value)
+    }
+
     // ---- meta -------------------------------------------------------------------------
 
     pub fn meta_i64(&self, key: &str) -> Result<Option<i64>, DbError> {

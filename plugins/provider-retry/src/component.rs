@@ -25,7 +25,7 @@ use pooler_plugin_kit::{Db, DbError, Rows, Value};
 
 use crate::engine::Engine;
 use crate::policy::Random;
-use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, Threads};
+use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, RowMove, Threads};
 use crate::settings::{SettingView, Settings, SettingsError};
 use crate::store;
 use crate::types::*;
@@ -147,39 +147,75 @@ impl Logger for Host {
     }
 }
 
+fn to_wit_query(q: &AvailabilityQuery) -> availability::AvailabilityQuery {
+    availability::AvailabilityQuery {
+        thread: q.thread.clone(),
+        provider: to_wit_provider(q.provider),
+        request: q.request.clone(),
+        model: q.model.clone(),
+    }
+}
+
+// The host answers `unavailable(source-unavailable)` itself when the pool traps or takes
+// over 5 s, so these calls have no error of their own.
 impl AvailabilitySource for Host {
     fn query(&self, q: &AvailabilityQuery) -> Result<Availability, String> {
-        // The host answers `unavailable(source-unavailable)` itself when the pool traps or
-        // takes over 5 s, so this call has no error of its own.
-        Ok(from_wit_availability(availability::query(
-            &availability::AvailabilityQuery {
-                thread: q.thread.clone(),
-                provider: to_wit_provider(q.provider),
-                request: q.request.clone(),
-                model: q.model.clone(),
-            },
-        )))
+        Ok(from_wit_availability(availability::query(&to_wit_query(q))))
+    }
+
+    fn query_many(&self, queries: &[AvailabilityQuery]) -> Result<Vec<Availability>, String> {
+        let queries: Vec<_> = queries.iter().map(to_wit_query).collect();
+        Ok(availability::query_many(&queries)
+            .into_iter()
+            .map(from_wit_availability)
+            .collect())
+    }
+}
+
+fn from_wit_thread(t: threads::ThreadInfo) -> ThreadInfo {
+    ThreadInfo {
+        id: t.id,
+        provider: from_wit_provider(t.provider),
+        model: t.model,
+        status: match t.status {
+            threads::ThreadStatus::Idle => ThreadStatus::Idle,
+            threads::ThreadStatus::Active => ThreadStatus::Active,
+            threads::ThreadStatus::Error => ThreadStatus::Error,
+        },
+        archived: t.archived,
+        retry_opt_out: t.retry_opt_out,
+        latest_request: t.latest_request,
+        input_queued: t.input_queued,
+        routed_by_pool: t.routed_by_pool,
     }
 }
 
 impl Threads for Host {
     fn get_thread(&self, thread: &str) -> Result<ThreadInfo, ThreadsError> {
-        let t = threads::get_thread(thread).map_err(from_wit_threads_error)?;
-        Ok(ThreadInfo {
-            id: t.id,
-            provider: from_wit_provider(t.provider),
-            model: t.model,
-            status: match t.status {
-                threads::ThreadStatus::Idle => ThreadStatus::Idle,
-                threads::ThreadStatus::Active => ThreadStatus::Active,
-                threads::ThreadStatus::Error => ThreadStatus::Error,
-            },
-            archived: t.archived,
-            retry_opt_out: t.retry_opt_out,
-            latest_request: t.latest_request,
-            input_queued: t.input_queued,
-            routed_by_pool: t.routed_by_pool,
-        })
+        threads::get_thread(thread)
+            .map(from_wit_thread)
+            .map_err(from_wit_threads_error)
+    }
+    fn get_threads(&self, ids: &[&str]) -> Vec<Result<ThreadInfo, ThreadsError>> {
+        let ids: Vec<String> = ids.iter().map(|t| (*t).to_owned()).collect();
+        threads::get_threads(&ids)
+            .into_iter()
+            .map(|r| r.map(from_wit_thread).map_err(from_wit_threads_error))
+            .collect()
+    }
+    fn reschedule_many(&self, moves: &[RowMove]) -> Vec<Result<QueuedRow, ThreadsError>> {
+        let moves: Vec<threads::RowMove> = moves
+            .iter()
+            .map(|m| threads::RowMove {
+                row: m.row,
+                send_at: m.send_at,
+                reason: m.reason.clone(),
+            })
+            .collect();
+        threads::reschedule_many(&moves)
+            .into_iter()
+            .map(|r| r.map(from_wit_row).map_err(from_wit_threads_error))
+            .collect()
     }
     fn schedule_retry(
         &self,
@@ -218,14 +254,7 @@ fn with_engine<T, E: From<DbError>>(
 ) -> Result<T, E> {
     let db = open_db()?;
     let host = Host;
-    let engine = Engine {
-        db: &db,
-        threads: &host,
-        pool: &host,
-        clock: &host,
-        random: &host,
-        log: &host,
-    };
+    let engine = Engine::new(&db, &host, &host, &host, &host, &host);
     f(&engine)
 }
 

@@ -8,13 +8,16 @@
 //! refusal that a crash between the two could cause (`already-queued`, `no-such-row`) is
 //! handled by adopting what the core has.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use pooler_plugin_kit::Db;
 
 use crate::policy::{
     self, Decision, PoolAnswer, Random, ScheduleReason, WatchReason, backoff_send_at,
     beyond_maximum_wait, reset_send_at,
 };
-use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, Threads};
+use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, RowMove, Threads};
 use crate::settings::Settings;
 use crate::store::{self, Chain, ChainState};
 use crate::types::{
@@ -45,11 +48,41 @@ pub struct PassSummary {
 }
 
 /// What re-evaluating one candidate did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Unchanged,
     Created,
     Moved,
     Closed,
+    /// Its row's move waits for the chunk's one `reschedule-many`; counted when it returns.
+    Deferred,
+}
+
+/// A row move decided during a pass, sent to the core with the rest of its chunk.
+struct PendingMove {
+    chain: Chain,
+    send_at: Timestamp,
+    reason: String,
+    trigger: Trigger,
+    seen: Option<Availability>,
+    now: Timestamp,
+    /// What the candidate counts as when the move succeeds (`Moved`, or `Created` for a
+    /// watch that adopted a live row).
+    on_success: Outcome,
+}
+
+/// What a pass reads ahead and defers for one chunk of candidates: a pass over N candidates
+/// makes a few calls per chunk into the core and the pool, not a few per candidate (one
+/// availability change can concern thousands of rows; issue 5).
+#[derive(Default)]
+struct Chunk {
+    /// The chunk's threads, read with one `get-threads` (taken on use).
+    threads: HashMap<String, Result<ThreadInfo, ThreadsError>>,
+    /// The pool's answers for the chunk's rate-limited candidates, by chain (taken on use).
+    answers: HashMap<i64, PoolAnswer>,
+    /// Row moves waiting for the chunk's `reschedule-many`; `None` outside a pass (a move
+    /// is then made at once).
+    moves: Option<Vec<PendingMove>>,
 }
 
 /// Whether a chain is still the thread's current failure.
@@ -67,6 +100,8 @@ pub struct Engine<'a, D: Db> {
     pub clock: &'a dyn Clock,
     pub random: &'a dyn Random,
     pub log: &'a dyn Logger,
+    /// The chunk of a pass in progress (empty otherwise).
+    chunk: RefCell<Chunk>,
 }
 
 fn dependency(e: ThreadsError) -> PluginError {
@@ -95,6 +130,16 @@ fn candidate(chain: &Chain) -> Option<Candidate> {
     })
 }
 
+/// The pool query about a chain's thread.
+fn query_of(chain: &Chain) -> AvailabilityQuery {
+    AvailabilityQuery {
+        thread: chain.thread.clone(),
+        provider: chain.provider,
+        request: Some(chain.failed_request.clone()),
+        model: chain.model.clone(),
+    }
+}
+
 fn non_empty(what: &str, value: &str) -> Result<(), PluginError> {
     if value.is_empty() {
         return Err(PluginError::InvalidInput(format!("{what} is empty")));
@@ -103,6 +148,25 @@ fn non_empty(what: &str, value: &str) -> Result<(), PluginError> {
 }
 
 impl<'a, D: Db> Engine<'a, D> {
+    pub fn new(
+        db: &'a D,
+        threads: &'a dyn Threads,
+        pool: &'a dyn AvailabilitySource,
+        clock: &'a dyn Clock,
+        random: &'a dyn Random,
+        log: &'a dyn Logger,
+    ) -> Self {
+        Engine {
+            db,
+            threads,
+            pool,
+            clock,
+            random,
+            log,
+            chunk: RefCell::default(),
+        }
+    }
+
     // ----- events -------------------------------------------------------------------------
 
     /// A turn failed: decide, then schedule, watch or decline, and record it. Idempotent per
@@ -340,48 +404,172 @@ impl<'a, D: Db> Engine<'a, D> {
         let mut first_error = None;
         let mut chains = chains.into_iter().peekable();
         while chains.peek().is_some() {
+            let chunk: Vec<Chain> = chains.by_ref().take(PASS_CHUNK).collect();
+            self.read_ahead(&chunk, &settings);
             // One commit per chunk rather than per candidate (a file database syncs on every
-            // commit); a savepoint per candidate keeps each one's writes all-or-nothing.
-            self.db.transaction(|db| {
-                for chain in chains.by_ref().take(PASS_CHUNK) {
+            // commit); a savepoint per candidate keeps each one's writes all-or-nothing. The
+            // chunk's row moves reach the core (one commit there) before this commit.
+            let result = self.db.transaction(|db| {
+                for chain in chunk {
                     summary.examined += 1;
                     let (thread, id) = (chain.thread.clone(), chain.id);
-                    db.execute_batch("SAVEPOINT candidate")?;
-                    match self.reevaluate(chain, trigger, now, &settings) {
-                        Ok(outcome) => {
-                            db.execute_batch("RELEASE candidate")?;
-                            match outcome {
-                                Outcome::Unchanged => {}
-                                Outcome::Created => summary.created += 1,
-                                Outcome::Moved => summary.moved += 1,
-                                Outcome::Closed => summary.closed += 1,
-                            }
-                        }
-                        Err(e) => {
-                            // One candidate's failure must not hold up the others; it is left
-                            // as it was and the next pass (tick, signal or due check) retries.
-                            db.execute_batch("ROLLBACK TO candidate; RELEASE candidate")?;
-                            summary.failed += 1;
-                            self.log.log(
-                                Level::Warn,
-                                "re-evaluation failed",
-                                &[
-                                    ("thread", thread),
-                                    ("chain", id.to_string()),
-                                    ("error", e.to_string()),
-                                ],
-                            );
-                            first_error.get_or_insert(e);
-                        }
-                    }
+                    let outcome =
+                        self.in_savepoint(db, || self.reevaluate(chain, trigger, now, &settings))?;
+                    self.count(&mut summary, &mut first_error, &thread, id, outcome);
                 }
-                Ok::<(), PluginError>(())
-            })?;
+                let moves = self.chunk.borrow_mut().moves.take().unwrap_or_default();
+                self.send_moves(db, moves, &mut summary, &mut first_error)
+            });
+            *self.chunk.borrow_mut() = Chunk::default();
+            result?;
         }
         match first_error {
             Some(e) => Err(e),
             None => Ok(summary),
         }
+    }
+
+    /// Read what a chunk's candidates need, two calls for the whole chunk: their threads
+    /// (`get-threads`) and, for the rate-limited ones, the pool's answers (`query-many`,
+    /// bounded as one query is: a slower answer is `source-unavailable` for all of them).
+    /// Row moves are deferred until the chunk's end.
+    fn read_ahead(&self, chunk: &[Chain], s: &Settings) {
+        let mut ahead = Chunk {
+            moves: Some(Vec::new()),
+            ..Chunk::default()
+        };
+        let mut threads: Vec<&str> = chunk.iter().map(|c| c.thread.as_str()).collect();
+        threads.sort_unstable();
+        threads.dedup();
+        for (thread, info) in threads.iter().zip(self.threads.get_threads(&threads)) {
+            ahead.threads.insert((*thread).to_owned(), info);
+        }
+        let asked: Vec<&Chain> = chunk.iter().filter(|c| c.rate_limited).collect();
+        if !asked.is_empty() {
+            let queries: Vec<AvailabilityQuery> = asked.iter().map(|c| query_of(c)).collect();
+            let answers = self.timed_query(&queries, s, || {
+                (asked.len().to_string(), "chains".to_owned())
+            });
+            for (chain, answer) in asked.iter().zip(answers) {
+                ahead.answers.insert(chain.id, answer);
+            }
+        }
+        *self.chunk.borrow_mut() = ahead;
+    }
+
+    /// Ask the pool `queries`, bounded by the availability timeout: one answer per query,
+    /// `Failed` for all of them when the call failed or was too slow. `what` names the
+    /// queries in the log line.
+    fn timed_query(
+        &self,
+        queries: &[AvailabilityQuery],
+        s: &Settings,
+        what: impl Fn() -> (String, String),
+    ) -> Vec<PoolAnswer> {
+        let started = self.clock.monotonic_ms();
+        let result = self.pool.query_many(queries);
+        let took = self.clock.monotonic_ms().saturating_sub(started);
+        let failed = |message: &str, detail: (&str, String)| {
+            let (value, key) = what();
+            self.log.log(
+                Level::Warn,
+                message,
+                &[(key.as_str(), value), (detail.0, detail.1)],
+            );
+            vec![PoolAnswer::Failed; queries.len()]
+        };
+        match result {
+            Ok(answers) if answers.len() != queries.len() => failed(
+                "availability answers do not match the queries",
+                ("answers", answers.len().to_string()),
+            ),
+            Ok(answers) if took <= s.availability_timeout_ms => {
+                answers.into_iter().map(PoolAnswer::Answered).collect()
+            }
+            Ok(_) => failed("availability answer too slow", ("ms", took.to_string())),
+            Err(e) => failed("availability query failed", ("error", e)),
+        }
+    }
+
+    /// Run one candidate's step inside a savepoint: its writes are kept when it succeeds and
+    /// undone when it fails. The outer error is the database failing the savepoint itself.
+    fn in_savepoint(
+        &self,
+        db: &D,
+        step: impl FnOnce() -> Result<Outcome, PluginError>,
+    ) -> Result<Result<Outcome, PluginError>, PluginError> {
+        db.execute_batch("SAVEPOINT candidate")?;
+        let outcome = step();
+        match outcome {
+            Ok(_) => db.execute_batch("RELEASE candidate")?,
+            Err(_) => db.execute_batch("ROLLBACK TO candidate; RELEASE candidate")?,
+        }
+        Ok(outcome)
+    }
+
+    /// Count one candidate's outcome. One candidate's failure must not hold up the others:
+    /// it is left as it was, and the next pass (tick, signal or due check) retries it.
+    fn count(
+        &self,
+        summary: &mut PassSummary,
+        first_error: &mut Option<PluginError>,
+        thread: &str,
+        id: i64,
+        outcome: Result<Outcome, PluginError>,
+    ) {
+        match outcome {
+            Ok(Outcome::Unchanged | Outcome::Deferred) => {}
+            Ok(Outcome::Created) => summary.created += 1,
+            Ok(Outcome::Moved) => summary.moved += 1,
+            Ok(Outcome::Closed) => summary.closed += 1,
+            Err(e) => {
+                summary.failed += 1;
+                self.log.log(
+                    Level::Warn,
+                    "re-evaluation failed",
+                    &[
+                        ("thread", thread.to_owned()),
+                        ("chain", id.to_string()),
+                        ("error", e.to_string()),
+                    ],
+                );
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Send a chunk's deferred row moves to the core in one `reschedule-many`, then record
+    /// each one's result (a candidate per savepoint, as in the pass).
+    fn send_moves(
+        &self,
+        db: &D,
+        moves: Vec<PendingMove>,
+        summary: &mut PassSummary,
+        first_error: &mut Option<PluginError>,
+    ) -> Result<(), PluginError> {
+        if moves.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<RowMove> = moves
+            .iter()
+            .map(|m| RowMove {
+                row: m.chain.row_id.unwrap_or_default(),
+                send_at: m.send_at,
+                reason: m.reason.clone(),
+            })
+            .collect();
+        let mut results = self.threads.reschedule_many(&requests).into_iter();
+        for pending in moves {
+            let (thread, id) = (pending.chain.thread.clone(), pending.chain.id);
+            let result = results.next().unwrap_or_else(|| {
+                Err(ThreadsError::Storage(
+                    "the core answered fewer moves than were sent".into(),
+                ))
+            });
+            let outcome = self.in_savepoint(db, || self.finish_move(pending, result))?;
+            self.count(summary, first_error, &thread, id, outcome);
+        }
+        Ok(())
     }
 
     /// Re-evaluate one open candidate (spec §3): expiry, freshness, opt-out, then for rate
@@ -428,9 +616,7 @@ impl<'a, D: Db> Engine<'a, D> {
                 let target = reset_send_at(now, now, s, self.random);
                 let reason = ScheduleReason::PoolReady.to_string();
                 if watching {
-                    return self
-                        .create_row(chain, target, &reason, trigger, seen, now)
-                        .map(|_| Outcome::Created);
+                    return self.create_row(chain, target, &reason, trigger, seen, now);
                 }
                 if current.is_some_and(|c| c > window_end) {
                     return self.move_row(chain, target, &reason, trigger, seen, now);
@@ -455,9 +641,7 @@ impl<'a, D: Db> Engine<'a, D> {
                     let target = reset_send_at(retry_at, now, s, self.random);
                     let reason = ScheduleReason::PoolBlocked.to_string();
                     if watching {
-                        return self
-                            .create_row(chain, target, &reason, trigger, seen, now)
-                            .map(|_| Outcome::Created);
+                        return self.create_row(chain, target, &reason, trigger, seen, now);
                     }
                     // Earlier or later: only a row outside the window of this reset moves.
                     if current.is_some_and(|c| c < base || c > base + s.reset_jitter_ms) {
@@ -471,9 +655,7 @@ impl<'a, D: Db> Engine<'a, D> {
                 if watching {
                     let target = backoff_send_at(chain.failed_attempt, now, s, self.random);
                     let reason = ScheduleReason::RateLimitBackoff.to_string();
-                    return self
-                        .create_row(chain, target, &reason, trigger, seen, now)
-                        .map(|_| Outcome::Created);
+                    return self.create_row(chain, target, &reason, trigger, seen, now);
                 }
             }
             (PoolAnswer::Answered(Availability::Unavailable(reason)), _) => {
@@ -732,41 +914,23 @@ impl<'a, D: Db> Engine<'a, D> {
     // ----- shared steps -------------------------------------------------------------------
 
     /// Ask the pool about a chain's thread, bounded by the availability timeout: an error or
-    /// a slower answer is `Failed` (source-unavailable).
+    /// a slower answer is `Failed` (source-unavailable). A pass asked ahead for its chunk.
     fn ask_pool(&self, chain: &Chain, s: &Settings) -> PoolAnswer {
-        let query = AvailabilityQuery {
-            thread: chain.thread.clone(),
-            provider: chain.provider,
-            request: Some(chain.failed_request.clone()),
-            model: chain.model.clone(),
-        };
-        let started = self.clock.monotonic_ms();
-        let result = self.pool.query(&query);
-        let took = self.clock.monotonic_ms().saturating_sub(started);
-        match result {
-            Ok(a) if took <= s.availability_timeout_ms => PoolAnswer::Answered(a),
-            Ok(_) => {
-                self.log.log(
-                    Level::Warn,
-                    "availability answer too slow",
-                    &[("thread", chain.thread.clone()), ("ms", took.to_string())],
-                );
-                PoolAnswer::Failed
-            }
-            Err(e) => {
-                self.log.log(
-                    Level::Warn,
-                    "availability query failed",
-                    &[("thread", chain.thread.clone()), ("error", e)],
-                );
-                PoolAnswer::Failed
-            }
+        if let Some(answer) = self.chunk.borrow_mut().answers.remove(&chain.id) {
+            return answer;
         }
+        let query = query_of(chain);
+        self.timed_query(std::slice::from_ref(&query), s, || {
+            (chain.thread.clone(), "thread".to_owned())
+        })
+        .pop()
+        .unwrap_or(PoolAnswer::Failed)
     }
 
     /// Is the chain with this failed request still the thread's current failure?
     fn freshness_of(&self, thread: &str, failed_request: &str) -> Result<Freshness, PluginError> {
-        let info = match self.threads.get_thread(thread) {
+        let read_ahead = self.chunk.borrow_mut().threads.remove(thread);
+        let info = match read_ahead.unwrap_or_else(|| self.threads.get_thread(thread)) {
             Ok(info) => info,
             Err(ThreadsError::NoSuchThread(_)) => {
                 return Ok(Freshness::Stale("stale: thread deleted".into()));
@@ -804,7 +968,7 @@ impl<'a, D: Db> Engine<'a, D> {
         trigger: &Trigger,
         seen: Option<Availability>,
         now: Timestamp,
-    ) -> Result<(), PluginError> {
+    ) -> Result<Outcome, PluginError> {
         match self
             .threads
             .schedule_retry(&chain.thread, &chain.failed_request, send_at, reason)
@@ -823,7 +987,8 @@ impl<'a, D: Db> Engine<'a, D> {
                     seen,
                     Action::Scheduled(row.send_at),
                     reason,
-                )
+                )?;
+                Ok(Outcome::Created)
             }
             Err(ThreadsError::AlreadyQueued(id)) => {
                 let live = self
@@ -840,24 +1005,34 @@ impl<'a, D: Db> Engine<'a, D> {
                 chain.updated_at = now;
                 if old == send_at {
                     store::save_chain(self.db, &chain)?;
-                    return self.record(&chain, now, trigger, seen, Action::Scheduled(old), reason);
+                    self.record(&chain, now, trigger, seen, Action::Scheduled(old), reason)?;
+                    return Ok(Outcome::Created);
                 }
-                self.move_row(chain, send_at, reason, trigger, seen, now)
-                    .map(|_| ())
+                self.make_move(PendingMove {
+                    chain,
+                    send_at,
+                    reason: reason.to_owned(),
+                    trigger: trigger.clone(),
+                    seen,
+                    now,
+                    on_success: Outcome::Created,
+                })
             }
-            Err(ThreadsError::NoFailedTurn) => self.close(
-                chain,
-                "stale: not the thread's latest failed turn",
-                trigger,
-                now,
-                seen,
-            ),
-            Err(ThreadsError::NoSuchThread(_)) => {
-                self.close(chain, "stale: thread deleted", trigger, now, seen)
-            }
-            Err(ThreadsError::Archived) => {
-                self.close(chain, "stale: thread archived", trigger, now, seen)
-            }
+            Err(ThreadsError::NoFailedTurn) => self
+                .close(
+                    chain,
+                    "stale: not the thread's latest failed turn",
+                    trigger,
+                    now,
+                    seen,
+                )
+                .map(|()| Outcome::Closed),
+            Err(ThreadsError::NoSuchThread(_)) => self
+                .close(chain, "stale: thread deleted", trigger, now, seen)
+                .map(|()| Outcome::Closed),
+            Err(ThreadsError::Archived) => self
+                .close(chain, "stale: thread archived", trigger, now, seen)
+                .map(|()| Outcome::Closed),
             Err(e) => Err(dependency(e)),
         }
     }
@@ -866,37 +1041,75 @@ impl<'a, D: Db> Engine<'a, D> {
     /// the row, the chain is closed: it was dispatched or removed without us.
     fn move_row(
         &self,
-        mut chain: Chain,
+        chain: Chain,
         send_at: Timestamp,
         reason: &str,
         trigger: &Trigger,
         seen: Option<Availability>,
         now: Timestamp,
     ) -> Result<Outcome, PluginError> {
-        let Some(row) = chain.row_id else {
-            return self
-                .create_row(chain, send_at, reason, trigger, seen, now)
-                .map(|_| Outcome::Created);
-        };
+        if chain.row_id.is_none() {
+            return self.create_row(chain, send_at, reason, trigger, seen, now);
+        }
+        self.make_move(PendingMove {
+            chain,
+            send_at,
+            reason: reason.to_owned(),
+            trigger: trigger.clone(),
+            seen,
+            now,
+            on_success: Outcome::Moved,
+        })
+    }
+
+    /// Make a move now, or, inside a pass, leave it for the chunk's `reschedule-many`.
+    fn make_move(&self, pending: PendingMove) -> Result<Outcome, PluginError> {
+        if let Some(moves) = self.chunk.borrow_mut().moves.as_mut() {
+            moves.push(pending);
+            return Ok(Outcome::Deferred);
+        }
+        let result = self.threads.reschedule(
+            pending.chain.row_id.unwrap_or_default(),
+            pending.send_at,
+            &pending.reason,
+        );
+        self.finish_move(pending, result)
+    }
+
+    /// Record what the core did with a move.
+    fn finish_move(
+        &self,
+        pending: PendingMove,
+        result: Result<QueuedRow, ThreadsError>,
+    ) -> Result<Outcome, PluginError> {
+        let PendingMove {
+            mut chain,
+            send_at,
+            reason,
+            trigger,
+            seen,
+            now,
+            on_success,
+        } = pending;
         let old = chain.send_at.unwrap_or(send_at);
-        match self.threads.reschedule(row, send_at, reason) {
+        match result {
             Ok(moved) => {
                 chain.send_at = Some(moved.send_at);
-                chain.reason = reason.to_owned();
+                chain.reason = reason.clone();
                 chain.updated_at = now;
                 store::save_chain(self.db, &chain)?;
                 self.record(
                     &chain,
                     now,
-                    trigger,
+                    &trigger,
                     seen,
                     Action::Rescheduled(old, moved.send_at),
-                    reason,
+                    &reason,
                 )?;
-                Ok(Outcome::Moved)
+                Ok(on_success)
             }
             Err(ThreadsError::NoSuchRow(_)) => {
-                self.close(chain, "row no longer queued", trigger, now, seen)?;
+                self.close(chain, "row no longer queued", &trigger, now, seen)?;
                 Ok(Outcome::Closed)
             }
             Err(e) => Err(dependency(e)),

@@ -28,6 +28,28 @@ pub trait Threads {
     fn cancel(&self, row: u64, reason: &str) -> Result<(), ThreadsError>;
     /// Live rows of one thread or all, by send time.
     fn list_rows(&self, thread: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError>;
+
+    /// Read several threads; one answer per id, in order (WIT `get-threads`).
+    fn get_threads(&self, threads: &[&str]) -> Vec<Result<ThreadInfo, ThreadsError>> {
+        threads.iter().map(|t| self.get_thread(t)).collect()
+    }
+
+    /// Move several live rows in one commit of the core; one answer per move, in order, each
+    /// as `reschedule` would give it (WIT `reschedule-many`).
+    fn reschedule_many(&self, moves: &[RowMove]) -> Vec<Result<QueuedRow, ThreadsError>> {
+        moves
+            .iter()
+            .map(|m| self.reschedule(m.row, m.send_at, &m.reason))
+            .collect()
+    }
+}
+
+/// One move of a live row (WIT `threads.row-move`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowMove {
+    pub row: u64,
+    pub send_at: Timestamp,
+    pub reason: String,
 }
 
 /// What the engine asks the pool (WIT `availability.availability-query`).
@@ -44,6 +66,12 @@ pub trait AvailabilitySource {
     /// Ask the pool. `Err` when the source could not be asked at all; the engine treats that,
     /// and an answer slower than the availability timeout, as `source-unavailable`.
     fn query(&self, query: &AvailabilityQuery) -> Result<Availability, String>;
+
+    /// Ask the pool about several threads at once (WIT `query-many`): one answer per query,
+    /// in order. `Err` when the source could not be asked at all.
+    fn query_many(&self, queries: &[AvailabilityQuery]) -> Result<Vec<Availability>, String> {
+        queries.iter().map(|q| self.query(q)).collect()
+    }
 }
 
 /// The host clock, as the guest sees it (WASI wall and monotonic clocks).

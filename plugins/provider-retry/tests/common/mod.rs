@@ -11,7 +11,9 @@ use std::rc::Rc;
 use pooler_plugin_kit::{Db, DbError, NativeDb, Rows, Value};
 use provider_retry::Engine;
 use provider_retry::policy::Random;
-use provider_retry::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, Threads};
+use provider_retry::ports::{
+    AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, RowMove, Threads,
+};
 use provider_retry::store;
 use provider_retry::types::{
     Availability, BlockCause, Failure, FailureCategory, FailureOrigin, Provider, QueuedRow,
@@ -86,6 +88,8 @@ pub enum PoolScript {
 pub struct FakePool {
     pub script: RefCell<PoolScript>,
     pub queries: RefCell<Vec<AvailabilityQuery>>,
+    /// The size of each `query-many` call, in order.
+    pub batches: RefCell<Vec<usize>>,
     /// The answer of a `Slow` script moves this clock on.
     pub clock: Rc<FakeClock>,
 }
@@ -101,15 +105,23 @@ impl FakePool {
 
 impl AvailabilitySource for FakePool {
     fn query(&self, query: &AvailabilityQuery) -> Result<Availability, String> {
-        self.queries.borrow_mut().push(query.clone());
-        match *self.script.borrow() {
-            PoolScript::Answer(a) => Ok(a),
-            PoolScript::Error => Err("account-pool trapped".into()),
+        self.query_many(std::slice::from_ref(query))
+            .map(|mut answers| answers.remove(0))
+    }
+
+    /// One call for all the queries: a `Slow` script moves the clock once.
+    fn query_many(&self, queries: &[AvailabilityQuery]) -> Result<Vec<Availability>, String> {
+        self.queries.borrow_mut().extend_from_slice(queries);
+        self.batches.borrow_mut().push(queries.len());
+        let answer = match *self.script.borrow() {
+            PoolScript::Answer(a) => a,
+            PoolScript::Error => return Err("account-pool trapped".into()),
             PoolScript::Slow(a, ms) => {
                 self.clock.advance(ms);
-                Ok(a)
+                a
             }
-        }
+        };
+        Ok(vec![answer; queries.len()])
     }
 }
 
@@ -138,6 +150,10 @@ pub struct FakeCore {
     pub broken: RefCell<Option<String>>,
     /// When set, reading this one thread fails with a storage error.
     pub broken_thread: RefCell<Option<String>>,
+    /// When set, moving this one row fails with a storage error.
+    pub broken_row: Cell<Option<u64>>,
+    /// Every batched call with its size, in order (`get-threads 3`, `reschedule-many 2`).
+    pub batches: RefCell<Vec<String>>,
 }
 
 impl FakeCore {
@@ -313,6 +329,9 @@ impl Threads for FakeCore {
 
     fn reschedule(&self, row: u64, send_at: u64, reason: &str) -> Result<QueuedRow, ThreadsError> {
         self.check()?;
+        if self.broken_row.get() == Some(row) {
+            return Err(ThreadsError::Storage(format!("row {row} unwritable")));
+        }
         self.calls.borrow_mut().push(format!("reschedule {row}"));
         let mut rows = self.rows.borrow_mut();
         let r = rows.get_mut(&row).ok_or(ThreadsError::NoSuchRow(row))?;
@@ -327,6 +346,23 @@ impl Threads for FakeCore {
         self.take_row(row)
             .map(|_| ())
             .ok_or(ThreadsError::NoSuchRow(row))
+    }
+
+    fn get_threads(&self, threads: &[&str]) -> Vec<Result<ThreadInfo, ThreadsError>> {
+        self.batches
+            .borrow_mut()
+            .push(format!("get-threads {}", threads.len()));
+        threads.iter().map(|t| self.get_thread(t)).collect()
+    }
+
+    fn reschedule_many(&self, moves: &[RowMove]) -> Vec<Result<QueuedRow, ThreadsError>> {
+        self.batches
+            .borrow_mut()
+            .push(format!("reschedule-many {}", moves.len()));
+        moves
+            .iter()
+            .map(|m| self.reschedule(m.row, m.send_at, &m.reason))
+            .collect()
     }
 
     fn list_rows(&self, thread: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError> {
@@ -395,6 +431,7 @@ impl World {
             pool: FakePool {
                 script: RefCell::new(PoolScript::Answer(Availability::Ready)),
                 queries: RefCell::new(Vec::new()),
+                batches: RefCell::new(Vec::new()),
                 clock: Rc::clone(&clock),
             },
             clock,
@@ -405,14 +442,14 @@ impl World {
 
     pub fn engine(&self) -> Engine<'_, TrappingDb> {
         self.core.now.set(self.clock.now());
-        Engine {
-            db: &self.db,
-            threads: &self.core,
-            pool: &self.pool,
-            clock: &*self.clock,
-            random: &self.random,
-            log: &self.log,
-        }
+        Engine::new(
+            &self.db,
+            &self.core,
+            &self.pool,
+            &*self.clock,
+            &self.random,
+            &self.log,
+        )
     }
 
     /// A thread whose first turn `request` failed with `failure`; returns the event the core

@@ -1,0 +1,146 @@
+//! A re-evaluation pass works in chunks: per chunk of candidates it reads the threads with
+//! one `get-threads`, asks the pool with one `query-many` and moves the rows with one
+//! `reschedule-many` (issue 5: one availability change may concern 10,000 rows). These
+//! tests pin the call pattern and what happens when part of a batch fails.
+
+mod common;
+
+use common::*;
+use provider_retry::types::{
+    Availability, AvailabilityChange, ChangeCause, PluginError, Provider, TurnFailedEvent,
+};
+
+/// A pooled turn of `thread` failed with the pool's 429 while the pool is blocked for 2 h.
+fn pending(w: &World, thread: &str) -> TurnFailedEvent {
+    w.pool.set(blocked(T + 2 * H));
+    let e = w.first_failure(thread, &format!("{thread}_req"), Some(pool_429()), true);
+    w.engine().turn_failed(&e).expect("turn-failed handled");
+    e
+}
+
+fn enabled(w: &World) -> Result<provider_retry::PassSummary, PluginError> {
+    w.engine().availability_changed(&AvailabilityChange {
+        provider: Provider::Claude,
+        causes: vec![ChangeCause::AccountEnabled],
+        earliest: Availability::Ready,
+        detected_at: w.clock.0.get(),
+    })
+}
+
+fn threads(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("thr_{i:03}")).collect()
+}
+
+#[test]
+fn a_pass_makes_three_calls_per_chunk_not_three_per_row() {
+    let w = World::new();
+    let threads = threads(300);
+    for t in &threads {
+        pending(&w, t);
+    }
+    w.core.batches.borrow_mut().clear();
+    w.pool.batches.borrow_mut().clear();
+    w.clock.advance(M);
+    w.pool.set(Availability::Ready);
+
+    let summary = enabled(&w).expect("pass");
+
+    assert_eq!(summary.examined, 300);
+    assert_eq!(summary.moved, 300);
+    assert_eq!(
+        *w.core.batches.borrow(),
+        [
+            "get-threads 256",
+            "reschedule-many 256",
+            "get-threads 44",
+            "reschedule-many 44"
+        ]
+    );
+    assert_eq!(*w.pool.batches.borrow(), [256, 44]);
+    let now = w.clock.0.get();
+    for t in &threads {
+        let row = w.only_row(t);
+        assert!(
+            row.send_at >= now + 15 * S && row.send_at < now + 45 * S,
+            "{t}: {row:?}"
+        );
+        let candidate = &w.engine().status(Some(t)).expect("status")[0];
+        assert_eq!(
+            candidate.send_at,
+            Some(row.send_at),
+            "the plugin records the move"
+        );
+    }
+}
+
+#[test]
+fn one_refused_move_does_not_stop_the_others() {
+    let w = World::new();
+    let threads = threads(3);
+    for t in &threads {
+        pending(&w, t);
+    }
+    let rows: Vec<_> = threads.iter().map(|t| w.only_row(t)).collect();
+    // Row 1 left the core behind the plugin's back (dispatched); row 2 cannot be written.
+    w.core.take_row(rows[1].id);
+    w.core.broken_row.set(Some(rows[2].id));
+    w.clock.advance(M);
+    w.pool.set(Availability::Ready);
+
+    let result = enabled(&w);
+
+    assert!(
+        matches!(result, Err(PluginError::Dependency(ref m)) if m.contains("unwritable")),
+        "the failed candidate is reported: {result:?}"
+    );
+    let now = w.clock.0.get();
+    assert!(w.only_row(&threads[0]).send_at < now + 45 * S, "moved");
+    let status = |t: &str| w.engine().status(Some(t)).expect("status");
+    assert!(status(&threads[1]).is_empty(), "closed: its row is gone");
+    assert_eq!(
+        status(&threads[2])[0].send_at,
+        Some(rows[2].send_at),
+        "left as it was, for the next pass"
+    );
+    assert_eq!(w.only_row(&threads[2]).send_at, rows[2].send_at);
+
+    w.core.broken_row.set(None);
+    let summary = enabled(&w).expect("the next pass");
+    assert_eq!((summary.examined, summary.moved), (2, 1));
+    let moved = w.only_row(&threads[2]).send_at;
+    assert!(moved < now + 45 * S);
+    assert_eq!(status(&threads[2])[0].send_at, Some(moved));
+}
+
+#[test]
+fn a_slow_answer_for_a_chunk_is_source_unavailable_for_all_of_it() {
+    let w = World::new();
+    let threads = threads(3);
+    for t in &threads {
+        pending(&w, t);
+    }
+    let before: Vec<_> = threads.iter().map(|t| w.only_row(t)).collect();
+    w.core.batches.borrow_mut().clear();
+    *w.pool.script.borrow_mut() = PoolScript::Slow(Availability::Ready, 6 * S);
+
+    let summary = enabled(&w).expect("pass");
+
+    assert_eq!((summary.examined, summary.moved), (3, 0));
+    assert_eq!(*w.pool.batches.borrow().last().unwrap(), 3, "one query");
+    assert_eq!(
+        *w.core.batches.borrow(),
+        ["get-threads 3"],
+        "nothing to move"
+    );
+    for (t, b) in threads.iter().zip(&before) {
+        assert_eq!(w.only_row(t).send_at, b.send_at);
+    }
+    let slow = w
+        .log
+        .0
+        .borrow()
+        .iter()
+        .filter(|(_, line)| line.starts_with("availability answer too slow"))
+        .count();
+    assert_eq!(slow, 1, "one line for the chunk");
+}
