@@ -30,7 +30,7 @@ use crate::types::{
 const LAST_PASS: &str = "last-pass-at";
 
 /// Candidates re-evaluated per database transaction in a pass.
-const PASS_CHUNK: usize = 256;
+pub const PASS_CHUNK: usize = 1024;
 
 /// The result of a re-evaluation pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -66,8 +66,9 @@ struct PendingMove {
     trigger: Trigger,
     seen: Option<Availability>,
     now: Timestamp,
-    /// What the candidate counts as when the move succeeds (`Moved`, or `Created` for a
-    /// watch that adopted a live row).
+    /// What the candidate counts as when the move succeeds: `Moved` for a scheduled chain
+    /// whose stored record differs only in what a move changes (`store::save_move`), or
+    /// `Created` for a watch that adopted a live row (saved whole).
     on_success: Outcome,
 }
 
@@ -498,12 +499,13 @@ impl<'a, D: Db> Engine<'a, D> {
         db: &D,
         step: impl FnOnce() -> Result<Outcome, PluginError>,
     ) -> Result<Result<Outcome, PluginError>, PluginError> {
-        db.execute_batch("SAVEPOINT candidate")?;
+        // `execute`, not `execute_batch`: a host can keep single statements prepared.
+        db.execute("SAVEPOINT candidate", &[])?;
         let outcome = step();
-        match outcome {
-            Ok(_) => db.execute_batch("RELEASE candidate")?,
-            Err(_) => db.execute_batch("ROLLBACK TO candidate; RELEASE candidate")?,
+        if outcome.is_err() {
+            db.execute("ROLLBACK TO candidate", &[])?;
         }
+        db.execute("RELEASE candidate", &[])?;
         Ok(outcome)
     }
 
@@ -1097,7 +1099,11 @@ impl<'a, D: Db> Engine<'a, D> {
                 chain.send_at = Some(moved.send_at);
                 chain.reason = reason.clone();
                 chain.updated_at = now;
-                store::save_chain(self.db, &chain)?;
+                if on_success == Outcome::Moved {
+                    store::save_move(self.db, &chain)?;
+                } else {
+                    store::save_chain(self.db, &chain)?;
+                }
                 self.record(
                     &chain,
                     now,

@@ -297,6 +297,23 @@ pub fn save_chain(db: &impl Db, chain: &Chain) -> Result<i64, DbError> {
     }
 }
 
+/// Record that a stored chain's row moved: only the columns a move changes, none of them
+/// indexed (a pass can move thousands of rows; `save_chain` rewrites every column and
+/// every index entry).
+pub fn save_move<D: Db>(db: &D, chain: &Chain) -> Result<(), DbError> {
+    db.execute(
+        "UPDATE chains SET last_availability = ?1, send_at = ?2, reason = ?3, updated_at = ?4          WHERE id = ?5",
+        &[
+            chain.last_availability.map(|a| a.encode()).into(),
+            chain.send_at.into(),
+            chain.reason.as_str().into(),
+            chain.updated_at.into(),
+            chain.id.into(),
+        ],
+    )?;
+    Ok(())
+}
+
 /// Whether an event with this key was already handled.
 pub fn is_processed(
     db: &impl Db,

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use provider_retry::engine::PASS_CHUNK;
 use provider_retry::types::{
     Availability, AvailabilityChange, ChangeCause, PluginError, Provider, TurnFailedEvent,
 };
@@ -28,13 +29,13 @@ fn enabled(w: &World) -> Result<provider_retry::PassSummary, PluginError> {
 }
 
 fn threads(n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("thr_{i:03}")).collect()
+    (0..n).map(|i| format!("thr_{i:04}")).collect()
 }
 
 #[test]
 fn a_pass_makes_three_calls_per_chunk_not_three_per_row() {
     let w = World::new();
-    let threads = threads(300);
+    let threads = threads(PASS_CHUNK + 44);
     for t in &threads {
         pending(&w, t);
     }
@@ -45,18 +46,18 @@ fn a_pass_makes_three_calls_per_chunk_not_three_per_row() {
 
     let summary = enabled(&w).expect("pass");
 
-    assert_eq!(summary.examined, 300);
-    assert_eq!(summary.moved, 300);
+    assert_eq!(summary.examined, PASS_CHUNK + 44);
+    assert_eq!(summary.moved, PASS_CHUNK + 44);
     assert_eq!(
         *w.core.batches.borrow(),
         [
-            "get-threads 256",
-            "reschedule-many 256",
-            "get-threads 44",
-            "reschedule-many 44"
+            format!("get-threads {PASS_CHUNK}"),
+            format!("reschedule-many {PASS_CHUNK}"),
+            "get-threads 44".to_string(),
+            "reschedule-many 44".to_string(),
         ]
     );
-    assert_eq!(*w.pool.batches.borrow(), [256, 44]);
+    assert_eq!(*w.pool.batches.borrow(), [PASS_CHUNK, 44]);
     let now = w.clock.0.get();
     for t in &threads {
         let row = w.only_row(t);
