@@ -254,6 +254,38 @@ pub(crate) fn latest_request(
     .optional()
 }
 
+/// A thread as plugins see it, read with one statement (`get-threads` reads thousands).
+pub(crate) fn load_thread_info(
+    conn: &Connection,
+    id: &str,
+) -> rusqlite::Result<Option<ThreadInfo>> {
+    conn.row(
+        "SELECT t.id, t.provider, t.model, t.status, t.archived, t.retry_opt_out,
+                t.route_base_url IS NOT NULL AND t.route_token IS NOT NULL,
+                (SELECT r.id FROM turn_requests r
+                 WHERE r.thread_id = t.id AND r.start_seq IS NOT NULL
+                 ORDER BY r.start_seq DESC LIMIT 1),
+                EXISTS (SELECT 1 FROM turn_requests q
+                        WHERE q.thread_id = t.id AND q.started_at IS NULL)
+         FROM threads t WHERE t.id = ?1",
+        [id],
+        |row| {
+            Ok(ThreadInfo {
+                id: row.get(0)?,
+                provider: parse_col(row, 1, Provider::parse, "provider")?,
+                model: row.get(2)?,
+                status: parse_col(row, 3, ThreadStatus::parse, "thread status")?,
+                archived: row.get(4)?,
+                retry_opt_out: row.get(5)?,
+                routed_by_pool: row.get(6)?,
+                latest_request: row.get(7)?,
+                input_queued: row.get(8)?,
+            })
+        },
+    )
+    .optional()
+}
+
 pub(crate) fn thread_info(conn: &Connection, t: &ThreadRow) -> rusqlite::Result<ThreadInfo> {
     let input_queued: bool = conn.row(
         "SELECT EXISTS (SELECT 1 FROM turn_requests WHERE thread_id = ?1 AND started_at IS NULL)",

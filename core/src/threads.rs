@@ -163,9 +163,8 @@ impl Core {
     /// `threads.get-thread`: a thread as plugins see it.
     pub fn get_thread(&self, thread: &str) -> Result<ThreadInfo, ThreadsError> {
         self.read(|c| {
-            let t = store::load_thread(c, thread)?
-                .ok_or_else(|| ThreadsError::NoSuchThread(thread.to_string()))?;
-            Ok(store::thread_info(c, &t)?)
+            store::load_thread_info(c, thread)?
+                .ok_or_else(|| ThreadsError::NoSuchThread(thread.to_string()))
         })
     }
 
@@ -177,9 +176,8 @@ impl Core {
             let infos = threads
                 .iter()
                 .map(|thread| {
-                    let t = store::load_thread(&tx, thread)?
-                        .ok_or_else(|| ThreadsError::NoSuchThread(thread.to_string()))?;
-                    Ok(store::thread_info(&tx, &t)?)
+                    store::load_thread_info(&tx, thread)?
+                        .ok_or_else(|| ThreadsError::NoSuchThread(thread.to_string()))
                 })
                 .collect();
             tx.finish()?;

@@ -263,6 +263,33 @@ fn get_threads_answers_each_thread_in_order() {
     assert_eq!(answers[2].as_ref().unwrap().status, ThreadStatus::Error);
 }
 
+/// `get-thread` (one statement) and the thread list (several) describe a thread alike, in
+/// every state: error with a queued message, active, idle without a route.
+#[test]
+fn get_thread_agrees_with_the_thread_list() {
+    let f = Fixture::new();
+    let (running, _) = f.running_thread(Provider::Codex, "two");
+    let (failed, _) = f.failed_thread("one");
+    f.core.send(&failed, "queued while in error").unwrap();
+    let bare = f.core.new_thread(Provider::Claude, None, None).unwrap();
+    let listed = f.core.list_threads().unwrap();
+    assert_eq!(listed.len(), 3);
+    for view in listed {
+        assert_eq!(f.core.get_thread(&view.info.id).unwrap(), view.info);
+    }
+    let info = f.core.get_thread(&failed).unwrap();
+    assert!(
+        info.input_queued && info.routed_by_pool && info.latest_request.is_some(),
+        "{info:?}"
+    );
+    assert_eq!(
+        f.core.get_thread(&running).unwrap().status,
+        ThreadStatus::Active
+    );
+    let info = f.core.get_thread(&bare).unwrap();
+    assert!(!info.routed_by_pool && info.latest_request.is_none() && !info.input_queued);
+}
+
 #[test]
 fn reschedule_and_cancel_of_an_unknown_row_are_refused() {
     let f = Fixture::new();

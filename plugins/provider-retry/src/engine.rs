@@ -30,7 +30,7 @@ use crate::types::{
 const LAST_PASS: &str = "last-pass-at";
 
 /// Candidates re-evaluated per database transaction in a pass.
-pub const PASS_CHUNK: usize = 1024;
+pub const PASS_CHUNK: usize = 4096;
 
 /// The result of a re-evaluation pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -35,7 +35,7 @@ fn threads(n: usize) -> Vec<String> {
 #[test]
 fn a_pass_makes_three_calls_per_chunk_not_three_per_row() {
     let w = World::new();
-    let threads = threads(PASS_CHUNK + 44);
+    let threads = threads(PASS_CHUNK + 4);
     for t in &threads {
         pending(&w, t);
     }
@@ -46,18 +46,18 @@ fn a_pass_makes_three_calls_per_chunk_not_three_per_row() {
 
     let summary = enabled(&w).expect("pass");
 
-    assert_eq!(summary.examined, PASS_CHUNK + 44);
-    assert_eq!(summary.moved, PASS_CHUNK + 44);
+    assert_eq!(summary.examined, PASS_CHUNK + 4);
+    assert_eq!(summary.moved, PASS_CHUNK + 4);
     assert_eq!(
         *w.core.batches.borrow(),
         [
             format!("get-threads {PASS_CHUNK}"),
             format!("reschedule-many {PASS_CHUNK}"),
-            "get-threads 44".to_string(),
-            "reschedule-many 44".to_string(),
+            "get-threads 4".to_string(),
+            "reschedule-many 4".to_string(),
         ]
     );
-    assert_eq!(*w.pool.batches.borrow(), [PASS_CHUNK, 44]);
+    assert_eq!(*w.pool.batches.borrow(), [PASS_CHUNK, 4]);
     let now = w.clock.0.get();
     for t in &threads {
         let row = w.only_row(t);
