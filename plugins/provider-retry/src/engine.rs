@@ -605,6 +605,7 @@ impl<'a, D: Db> Engine<'a, D> {
             return Ok(Outcome::Unchanged);
         }
         let answer = self.ask_pool(&chain, s);
+        let stored = chain.clone();
         let seen = answer.seen();
         let availability_changed = seen != chain.last_availability;
         chain.last_availability = seen;
@@ -677,9 +678,17 @@ impl<'a, D: Db> Engine<'a, D> {
                 }
             }
         }
-        // Nothing moved. Record it only when the pool's answer differs from the last one
-        // seen, so the history shows what changed without one line per tick.
-        store::save_chain(self.db, &chain)?;
+        // Nothing moved. Write the record only when more than its time changed (a tick
+        // re-evaluates every open candidate), and the history only when the pool's answer
+        // differs from the last one seen, so it shows what changed without a line per tick.
+        if chain
+            != (Chain {
+                updated_at: chain.updated_at,
+                ..stored
+            })
+        {
+            store::save_chain(self.db, &chain)?;
+        }
         if availability_changed {
             self.record(&chain, now, trigger, seen, Action::Unchanged, &chain.reason)?;
         }

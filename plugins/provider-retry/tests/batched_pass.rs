@@ -145,3 +145,31 @@ fn a_slow_answer_for_a_chunk_is_source_unavailable_for_all_of_it() {
         .count();
     assert_eq!(slow, 1, "one line for the chunk");
 }
+
+/// A pass that finds nothing new (a tick over rows the pool still blocks) writes nothing:
+/// no chain record, no history line, no core call.
+#[test]
+fn a_pass_that_changes_nothing_writes_nothing() {
+    let w = World::new();
+    let threads = threads(5);
+    for t in &threads {
+        pending(&w, t);
+    }
+    w.clock.advance(M);
+    enabled(&w).expect("first pass");
+    w.db.executed.borrow_mut().clear();
+    w.core.batches.borrow_mut().clear();
+
+    let summary = enabled(&w).expect("second pass");
+
+    assert_eq!((summary.examined, summary.moved), (5, 0));
+    let writes: Vec<String> =
+        w.db.executed
+            .borrow()
+            .iter()
+            .filter(|sql| !sql.contains("SAVEPOINT") && !sql.starts_with("RELEASE"))
+            .cloned()
+            .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+    assert_eq!(*w.core.batches.borrow(), ["get-threads 5"]);
+}

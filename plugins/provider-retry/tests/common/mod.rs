@@ -384,10 +384,13 @@ impl Threads for FakeCore {
 pub struct TrappingDb {
     pub inner: NativeDb,
     pub trap_next_commit: Cell<bool>,
+    /// Every statement run through `execute`, in order.
+    pub executed: RefCell<Vec<String>>,
 }
 
 impl Db for TrappingDb {
     fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        self.executed.borrow_mut().push(sql.to_owned());
         self.inner.execute(sql, params)
     }
     fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
@@ -426,6 +429,7 @@ impl World {
             db: TrappingDb {
                 inner: db,
                 trap_next_commit: Cell::new(false),
+                executed: RefCell::new(Vec::new()),
             },
             core: FakeCore::default(),
             pool: FakePool {
