@@ -164,7 +164,6 @@ pub(crate) struct ThreadRow {
     pub model: Option<String>,
     pub status: ThreadStatus,
     pub archived: bool,
-    pub retry_opt_out: bool,
     pub session_id: String,
     pub route: Option<Route>,
     pub created_at: Timestamp,
@@ -213,7 +212,6 @@ fn thread_from_row(row: &Row<'_>) -> rusqlite::Result<ThreadRow> {
         model: row.get(2)?,
         status: parse_col(row, 3, ThreadStatus::parse, "thread status")?,
         archived: row.get(4)?,
-        retry_opt_out: row.get(5)?,
         session_id: row.get(6)?,
         route: match (base, token) {
             (Some(base_url), Some(token)) => Some(Route { base_url, token }),
@@ -284,25 +282,6 @@ pub(crate) fn load_thread_info(
         },
     )
     .optional()
-}
-
-pub(crate) fn thread_info(conn: &Connection, t: &ThreadRow) -> rusqlite::Result<ThreadInfo> {
-    let input_queued: bool = conn.row(
-        "SELECT EXISTS (SELECT 1 FROM turn_requests WHERE thread_id = ?1 AND started_at IS NULL)",
-        [&t.id],
-        |r| r.get(0),
-    )?;
-    Ok(ThreadInfo {
-        id: t.id.clone(),
-        provider: t.provider,
-        model: t.model.clone(),
-        status: t.status,
-        archived: t.archived,
-        retry_opt_out: t.retry_opt_out,
-        latest_request: latest_request(conn, &t.id)?,
-        input_queued,
-        routed_by_pool: t.route.is_some(),
-    })
 }
 
 /// A turn request with the columns the core reasons about.

@@ -364,7 +364,8 @@ impl Core {
 
 fn view(conn: &Connection, t: &ThreadRow) -> Result<ThreadView, CoreError> {
     Ok(ThreadView {
-        info: store::thread_info(conn, t)?,
+        info: store::load_thread_info(conn, &t.id)?
+            .ok_or_else(|| CoreError::NoSuchThread(t.id.clone()))?,
         session_id: t.session_id.clone(),
         created_at: t.created_at,
     })

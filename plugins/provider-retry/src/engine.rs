@@ -72,6 +72,17 @@ struct PendingMove {
     on_success: Outcome,
 }
 
+/// A move as the re-evaluation steps decide it: chain, new send time, reason, trigger, the
+/// availability seen, now.
+type Moving<'t> = (
+    Chain,
+    Timestamp,
+    &'t str,
+    &'t Trigger,
+    Option<Availability>,
+    Timestamp,
+);
+
 /// What a pass reads ahead and defers for one chunk of candidates: a pass over N candidates
 /// makes a few calls per chunk into the core and the pool, not a few per candidate (one
 /// availability change can concern thousands of rows; issue 5).
@@ -1019,15 +1030,8 @@ impl<'a, D: Db> Engine<'a, D> {
                     self.record(&chain, now, trigger, seen, Action::Scheduled(old), reason)?;
                     return Ok(Outcome::Created);
                 }
-                self.make_move(PendingMove {
-                    chain,
-                    send_at,
-                    reason: reason.to_owned(),
-                    trigger: trigger.clone(),
-                    seen,
-                    now,
-                    on_success: Outcome::Created,
-                })
+                let moving = (chain, send_at, reason, trigger, seen, now);
+                self.queue_move(moving, Outcome::Created)
             }
             Err(ThreadsError::NoFailedTurn) => self
                 .close(
@@ -1062,6 +1066,16 @@ impl<'a, D: Db> Engine<'a, D> {
         if chain.row_id.is_none() {
             return self.create_row(chain, send_at, reason, trigger, seen, now);
         }
+        self.queue_move((chain, send_at, reason, trigger, seen, now), Outcome::Moved)
+    }
+
+    /// Make a move of the chain's live row (now, or at the end of a pass's chunk), counted
+    /// as `on_success` when the core accepts it.
+    fn queue_move(
+        &self,
+        (chain, send_at, reason, trigger, seen, now): Moving<'_>,
+        on_success: Outcome,
+    ) -> Result<Outcome, PluginError> {
         self.make_move(PendingMove {
             chain,
             send_at,
@@ -1069,7 +1083,7 @@ impl<'a, D: Db> Engine<'a, D> {
             trigger: trigger.clone(),
             seen,
             now,
-            on_success: Outcome::Moved,
+            on_success,
         })
     }
 
