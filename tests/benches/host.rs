@@ -27,11 +27,7 @@ use pooler_tests::upstream::FakeUpstream;
 const LOAD_DURATION: Duration = Duration::from_secs(3);
 
 fn main() -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?
-        .block_on(run())
+    pooler_tests::bench::run(run())
 }
 
 fn per_op(total: Duration, n: u32) -> Duration {
@@ -54,8 +50,9 @@ async fn run() -> anyhow::Result<()> {
         cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
     })?;
     println!(
-        "machine: {} logical CPUs; tokio: 2 workers",
-        std::thread::available_parallelism()?
+        "machine: {} logical CPUs; tokio: {} workers",
+        std::thread::available_parallelism()?,
+        pooler_tests::bench::WORKERS
     );
 
     call_overhead(&host).await?;

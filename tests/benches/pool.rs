@@ -35,11 +35,7 @@ use pooler_tests::upstream::FakeUpstream;
 const LOAD_DURATION: Duration = Duration::from_secs(3);
 
 fn main() -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?
-        .block_on(run())
+    pooler_tests::bench::run(run())
 }
 
 /// A host serving `component` on an ephemeral loopback port; returns its URL and the host.
@@ -224,8 +220,9 @@ async fn run() -> anyhow::Result<()> {
         serve(fixtures::POOL, fixture_data.path()).await?;
     let token = configure_pool(&pool_host, &pool_url, &upstream.url()).await?;
     println!(
-        "machine: {} logical CPUs; tokio: 2 workers; {LOAD_DURATION:?} per run; POST /v1/messages (~200 B), 2-byte answers",
-        std::thread::available_parallelism()?
+        "machine: {} logical CPUs; tokio: {} workers; {LOAD_DURATION:?} per run; POST /v1/messages (~200 B), 2-byte answers",
+        std::thread::available_parallelism()?,
+        pooler_tests::bench::WORKERS
     );
 
     let direct = Target {

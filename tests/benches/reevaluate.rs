@@ -39,11 +39,7 @@ const SEED_BATCH: usize = 250;
 const TARGET: Duration = Duration::from_secs(1);
 
 fn main() -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?
-        .block_on(run())
+    pooler_tests::bench::run(run())
 }
 
 struct Measured {
@@ -61,8 +57,9 @@ impl Measured {
 
 async fn run() -> anyhow::Result<()> {
     println!(
-        "machine: {} logical CPUs; tokio: 2 workers",
-        std::thread::available_parallelism()?
+        "machine: {} logical CPUs; tokio: {} workers",
+        std::thread::available_parallelism()?,
+        pooler_tests::bench::WORKERS
     );
     let sizes: Vec<usize> = match std::env::var("REEVALUATE_ROWS") {
         Ok(n) => vec![n.parse()?],
