@@ -459,9 +459,7 @@ impl<'a, D: Db> Engine<'a, D> {
         let asked: Vec<&Chain> = chunk.iter().filter(|c| c.rate_limited).collect();
         if !asked.is_empty() {
             let queries: Vec<AvailabilityQuery> = asked.iter().map(|c| query_of(c)).collect();
-            let answers = self.timed_query(&queries, s, || {
-                (asked.len().to_string(), "chains".to_owned())
-            });
+            let answers = self.timed_query(&queries, s, ("chains", asked.len().to_string()));
             for (chain, answer) in asked.iter().zip(answers) {
                 ahead.answers.insert(chain.id, answer);
             }
@@ -470,24 +468,19 @@ impl<'a, D: Db> Engine<'a, D> {
     }
 
     /// Ask the pool `queries`, bounded by the availability timeout: one answer per query,
-    /// `Failed` for all of them when the call failed or was too slow. `what` names the
-    /// queries in the log line.
+    /// `Failed` for all of them when the call failed or was too slow. `about` names the
+    /// queries in the log line (`thread`, or the number of `chains`).
     fn timed_query(
         &self,
         queries: &[AvailabilityQuery],
         s: &Settings,
-        what: impl Fn() -> (String, String),
+        about: (&str, String),
     ) -> Vec<PoolAnswer> {
         let started = self.clock.monotonic_ms();
         let result = self.pool.query_many(queries);
         let took = self.clock.monotonic_ms().saturating_sub(started);
         let failed = |message: &str, detail: (&str, String)| {
-            let (value, key) = what();
-            self.log.log(
-                Level::Warn,
-                message,
-                &[(key.as_str(), value), (detail.0, detail.1)],
-            );
+            self.log.log(Level::Warn, message, &[about.clone(), detail]);
             vec![PoolAnswer::Failed; queries.len()]
         };
         match result {
@@ -942,9 +935,11 @@ impl<'a, D: Db> Engine<'a, D> {
             return answer;
         }
         let query = query_of(chain);
-        self.timed_query(std::slice::from_ref(&query), s, || {
-            (chain.thread.clone(), "thread".to_owned())
-        })
+        self.timed_query(
+            std::slice::from_ref(&query),
+            s,
+            ("thread", chain.thread.clone()),
+        )
         .pop()
         .unwrap_or(PoolAnswer::Failed)
     }
