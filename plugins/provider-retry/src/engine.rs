@@ -60,6 +60,8 @@ enum Outcome {
 
 /// A row move decided during a pass, sent to the core with the rest of its chunk.
 struct PendingMove {
+    /// The chain's live row.
+    row: u64,
     chain: Chain,
     send_at: Timestamp,
     reason: String,
@@ -71,17 +73,6 @@ struct PendingMove {
     /// `Created` for a watch that adopted a live row (saved whole).
     on_success: Outcome,
 }
-
-/// A move as the re-evaluation steps decide it: chain, new send time, reason, trigger, the
-/// availability seen, now.
-type Moving<'t> = (
-    Chain,
-    Timestamp,
-    &'t str,
-    &'t Trigger,
-    Option<Availability>,
-    Timestamp,
-);
 
 /// What a pass reads ahead and defers for one chunk of candidates: a pass over N candidates
 /// makes a few calls per chunk into the core and the pool, not a few per candidate (one
@@ -559,7 +550,7 @@ impl<'a, D: Db> Engine<'a, D> {
         let requests: Vec<RowMove> = moves
             .iter()
             .map(|m| RowMove {
-                row: m.chain.row_id.unwrap_or_default(),
+                row: m.row,
                 send_at: m.send_at,
                 reason: m.reason.clone(),
             })
@@ -626,7 +617,15 @@ impl<'a, D: Db> Engine<'a, D> {
                     return self.create_row(chain, target, &reason, trigger, seen, now);
                 }
                 if current.is_some_and(|c| c > window_end) {
-                    return self.move_row(chain, target, &reason, trigger, seen, now);
+                    return self.move_row(
+                        chain,
+                        target,
+                        &reason,
+                        trigger,
+                        seen,
+                        now,
+                        Outcome::Moved,
+                    );
                 }
             }
             (PoolAnswer::Answered(Availability::Blocked { retry_at, .. }), current) => {
@@ -652,7 +651,15 @@ impl<'a, D: Db> Engine<'a, D> {
                     }
                     // Earlier or later: only a row outside the window of this reset moves.
                     if current.is_some_and(|c| c < base || c > base + s.reset_jitter_ms) {
-                        return self.move_row(chain, target, &reason, trigger, seen, now);
+                        return self.move_row(
+                            chain,
+                            target,
+                            &reason,
+                            trigger,
+                            seen,
+                            now,
+                            Outcome::Moved,
+                        );
                     }
                 }
             }
@@ -1025,8 +1032,7 @@ impl<'a, D: Db> Engine<'a, D> {
                     self.record(&chain, now, trigger, seen, Action::Scheduled(old), reason)?;
                     return Ok(Outcome::Created);
                 }
-                let moving = (chain, send_at, reason, trigger, seen, now);
-                self.queue_move(moving, Outcome::Created)
+                self.move_row(chain, send_at, reason, trigger, seen, now, Outcome::Created)
             }
             Err(ThreadsError::NoFailedTurn) => self
                 .close(
@@ -1047,8 +1053,10 @@ impl<'a, D: Db> Engine<'a, D> {
         }
     }
 
-    /// Move the chain's live row to `send_at` (earlier or later). If the core no longer has
-    /// the row, the chain is closed: it was dispatched or removed without us.
+    /// Move the chain's live row to `send_at` (earlier or later), now or, inside a pass, at
+    /// the end of the chunk; counted as `on_success` when the core accepts it. If the core
+    /// no longer has the row, the chain is closed: it was dispatched or removed without us.
+    #[allow(clippy::too_many_arguments)]
     fn move_row(
         &self,
         chain: Chain,
@@ -1057,21 +1065,13 @@ impl<'a, D: Db> Engine<'a, D> {
         trigger: &Trigger,
         seen: Option<Availability>,
         now: Timestamp,
-    ) -> Result<Outcome, PluginError> {
-        if chain.row_id.is_none() {
-            return self.create_row(chain, send_at, reason, trigger, seen, now);
-        }
-        self.queue_move((chain, send_at, reason, trigger, seen, now), Outcome::Moved)
-    }
-
-    /// Make a move of the chain's live row (now, or at the end of a pass's chunk), counted
-    /// as `on_success` when the core accepts it.
-    fn queue_move(
-        &self,
-        (chain, send_at, reason, trigger, seen, now): Moving<'_>,
         on_success: Outcome,
     ) -> Result<Outcome, PluginError> {
+        let Some(row) = chain.row_id else {
+            return self.create_row(chain, send_at, reason, trigger, seen, now);
+        };
         self.make_move(PendingMove {
+            row,
             chain,
             send_at,
             reason: reason.to_owned(),
@@ -1088,11 +1088,9 @@ impl<'a, D: Db> Engine<'a, D> {
             moves.push(pending);
             return Ok(Outcome::Deferred);
         }
-        let result = self.threads.reschedule(
-            pending.chain.row_id.unwrap_or_default(),
-            pending.send_at,
-            &pending.reason,
-        );
+        let result = self
+            .threads
+            .reschedule(pending.row, pending.send_at, &pending.reason);
         self.finish_move(pending, result)
     }
 
@@ -1103,6 +1101,7 @@ impl<'a, D: Db> Engine<'a, D> {
         result: Result<QueuedRow, ThreadsError>,
     ) -> Result<Outcome, PluginError> {
         let PendingMove {
+            row: _,
             mut chain,
             send_at,
             reason,
