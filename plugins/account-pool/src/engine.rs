@@ -173,6 +173,54 @@ enum Attempt<B> {
     },
 }
 
+/// What a request reads before anything else, in one read transaction.
+struct Decision {
+    /// The route its token names: (thread, provider).
+    route: Option<(String, Provider)>,
+    settings: Settings,
+    /// For a request the pool will route: what it chooses from.
+    snapshot: Option<Snapshot>,
+}
+
+/// The state a routed request chooses its first account from.
+struct Snapshot {
+    /// The provider's accounts, in selection order.
+    accounts: Vec<AccountState>,
+    /// The session's fresh pin.
+    pin: Option<crate::store::Pin>,
+    /// The account of the parent session's fresh pin, when the session has no pin.
+    inherited: Option<String>,
+    /// The provider's round-robin cursor.
+    cursor: Option<String>,
+}
+
+impl Snapshot {
+    fn read<D: Db>(
+        st: &Store<'_, D>,
+        provider: Provider,
+        info: &SessionInfo,
+        s: &Settings,
+        now: u64,
+    ) -> Result<Snapshot, DbError> {
+        let pin = match info.key.as_deref() {
+            Some(k) => st.pin(provider, k, now, s.pin_lifetime_ms)?,
+            None => None,
+        };
+        let inherited = match (info.key.as_deref(), info.parent.as_deref(), &pin) {
+            (Some(_), Some(parent), None) => st
+                .pin(provider, parent, now, s.pin_lifetime_ms)?
+                .map(|p| p.account),
+            _ => None,
+        };
+        Ok(Snapshot {
+            accounts: st.accounts(Some(provider))?,
+            pin,
+            inherited,
+            cursor: st.cursor(provider)?,
+        })
+    }
+}
+
 /// The per-request facts every attempt needs.
 struct Ctx<'r> {
     provider: Provider,
@@ -223,12 +271,61 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
     }
 
     async fn handle_inner(&self, req: &IncomingRequest) -> Result<Response<U::Body>, DbError> {
-        self.store.ensure_schema()?;
         let route_match = http::match_route(&req.method, &req.path);
-        let route = match token::from_headers(&req.headers) {
-            Some(t) => self.store.route_by_hash(&token::hash(&t))?,
-            None => None,
+        let hash = token::from_headers(&req.headers).map(|t| token::hash(&t));
+        let info = match route_match {
+            RouteMatch::Endpoint(e) if e.is_conversation() => {
+                session::extract(e.provider(), &req.headers, &req.body)
+            }
+            RouteMatch::Endpoint(e) => SessionInfo {
+                family: session::extract(e.provider(), &req.headers, &req.body).family,
+                ..SessionInfo::default()
+            },
+            _ => SessionInfo::default(),
         };
+        let start = self.env.now();
+        // Everything the request decides on, read in one read transaction: one snapshot,
+        // one read lock (instead of one per statement).
+        let read = |st: &Store<'a, D>| -> Result<Option<Decision>, DbError> {
+            if !st.schema_current()? {
+                return Ok(None);
+            }
+            let route = match &hash {
+                Some(h) => st.route_by_hash(h)?,
+                None => None,
+            };
+            let settings = match &self.settings {
+                Some(s) => s.clone(),
+                None => st.settings()?,
+            };
+            let snapshot = match (route_match, &route) {
+                (RouteMatch::Endpoint(e), Some((_, p)))
+                    if *p == e.provider() && settings.routing(*p) && !req.body_truncated =>
+                {
+                    Some(Snapshot::read(st, *p, &info, &settings, start)?)
+                }
+                _ => None,
+            };
+            Ok(Some(Decision {
+                route,
+                settings,
+                snapshot,
+            }))
+        };
+        let decision = match self.store.read(read)? {
+            Some(d) => d,
+            None => {
+                self.store.migrate()?;
+                self.store
+                    .read(read)?
+                    .ok_or_else(|| DbError::Decode("the schema did not migrate".into()))?
+            }
+        };
+        let Decision {
+            route,
+            settings,
+            snapshot,
+        } = decision;
         let endpoint = match route_match {
             RouteMatch::Endpoint(e) => e,
             RouteMatch::MethodNotAllowed(p) => {
@@ -262,10 +359,6 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 &PoolError::pool(401, "Invalid Account Pooler bearer token."),
             ));
         };
-        let settings = match &self.settings {
-            Some(s) => s.clone(),
-            None => self.store.settings()?,
-        };
         if !settings.routing(provider) {
             return Ok(Response::pool(
                 provider,
@@ -275,25 +368,19 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 ),
             ));
         }
-        if req.body_truncated || req.body.len() as u64 > settings.max_request_body {
-            return Ok(Response::pool(
-                provider,
-                &PoolError::pool(
-                    413,
-                    format!(
-                        "The request body exceeds {} bytes.",
-                        settings.max_request_body
-                    ),
-                ),
-            ));
+        let too_large = PoolError::pool(
+            413,
+            format!(
+                "The request body exceeds {} bytes.",
+                settings.max_request_body
+            ),
+        );
+        if req.body.len() as u64 > settings.max_request_body {
+            return Ok(Response::pool(provider, &too_large));
         }
-        let info = if endpoint.is_conversation() {
-            session::extract(provider, &req.headers, &req.body)
-        } else {
-            SessionInfo {
-                family: session::extract(provider, &req.headers, &req.body).family,
-                ..SessionInfo::default()
-            }
+        let Some(snapshot) = snapshot else {
+            // Only a truncated body is left without a snapshot here.
+            return Ok(Response::pool(provider, &too_large));
         };
         let ctx = Ctx {
             provider,
@@ -302,42 +389,33 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             key: info.key.as_deref(),
             settings: &settings,
         };
-        self.route(&ctx, &thread, info.parent.as_deref()).await
+        self.route(&ctx, &thread, snapshot).await
     }
 
-    /// The attempt loop.
+    /// The attempt loop, from what the request read before choosing.
     async fn route(
         &self,
         ctx: &Ctx<'_>,
         thread: &str,
-        parent: Option<&str>,
+        snapshot: Snapshot,
     ) -> Result<Response<U::Body>, DbError> {
         let s = ctx.settings;
         let (provider, threshold) = (ctx.provider, s.switch_threshold);
-        let start = self.env.now();
         // The accounts this request may use: those that exist now. The first pass of the
-        // loop uses this very read; later passes read again (an attempt changes state).
-        let mut fresh = Some(self.store.accounts(Some(provider))?);
-        let snapshot: Vec<String> = fresh.iter().flatten().map(|a| a.id.clone()).collect();
-        let mut pin: Option<PinSeen> = match ctx.key {
-            Some(k) => self
-                .store
-                .pin(provider, k, start, s.pin_lifetime_ms)?
-                .map(|p| PinSeen {
-                    account: p.account,
-                    generation: p.generation,
-                    claimed: false,
-                }),
-            None => None,
-        };
-        let inherited = match (ctx.key, parent, &pin) {
-            (Some(_), Some(pk), None) => self
-                .store
-                .pin(provider, pk, start, s.pin_lifetime_ms)?
-                .map(|p| p.account),
-            _ => None,
-        };
-        let cursor = self.store.cursor(provider)?;
+        // loop uses the snapshot's read; later passes read again (an attempt changes state).
+        let Snapshot {
+            accounts,
+            pin,
+            inherited,
+            cursor,
+        } = snapshot;
+        let snapshot: Vec<String> = accounts.iter().map(|a| a.id.clone()).collect();
+        let mut fresh = Some(accounts);
+        let mut pin: Option<PinSeen> = pin.map(|p| PinSeen {
+            account: p.account,
+            generation: p.generation,
+            claimed: false,
+        });
         let mut attempted: Vec<String> = Vec::new();
         let mut outcomes: Vec<(String, AttemptOutcome)> = Vec::new();
         let mut waited: Vec<String> = Vec::new();

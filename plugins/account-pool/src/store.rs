@@ -12,11 +12,18 @@ use crate::quota::{QuotaState, Restriction, Window};
 use crate::settings::Settings;
 use pooler_plugin_kit::{Db, DbError, Row, Value};
 
-/// The schema version this code writes.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The schema version this code writes. 2: `attempts` is keyed by session (`WITHOUT
+/// ROWID`, ids counted per session) instead of a global AUTOINCREMENT id plus an index.
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Recent attempts kept per session for `explain-session`.
 pub const RECENT_ATTEMPTS: usize = 20;
+
+/// How stale a pin's or an account's "last used" time may get before a request that uses
+/// it writes it again. Writing it on every request cost each pooled request two more
+/// pages in its commit (the row and the `pins_by_use` entry); a pin's idle lifetime is
+/// minutes, so a second changes nothing a person or the LRU cap could notice.
+pub const TOUCH_GRANULARITY_MS: u64 = 1_000;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
@@ -93,15 +100,15 @@ CREATE TABLE IF NOT EXISTS refresh_state (
     last_usage_at INTEGER
 );
 CREATE TABLE IF NOT EXISTS attempts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
     provider TEXT NOT NULL,
     key TEXT NOT NULL,
+    id INTEGER NOT NULL,
     at INTEGER NOT NULL,
     account_id TEXT NOT NULL,
     status INTEGER,
-    outcome TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS attempts_by_key ON attempts(provider, key, id);
+    outcome TEXT NOT NULL,
+    PRIMARY KEY (provider, key, id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS pending_signals (
     provider TEXT NOT NULL,
     cause TEXT NOT NULL,
@@ -109,6 +116,25 @@ CREATE TABLE IF NOT EXISTS pending_signals (
     detected_at INTEGER NOT NULL,
     PRIMARY KEY (provider, cause)
 );
+";
+
+/// Schema 1 to 2: `attempts` rebuilt keyed by session; its rows (and their order) kept.
+const ATTEMPTS_V2: &str = "
+ALTER TABLE attempts RENAME TO attempts_v1;
+DROP INDEX IF EXISTS attempts_by_key;
+CREATE TABLE attempts (
+    provider TEXT NOT NULL,
+    key TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    account_id TEXT NOT NULL,
+    status INTEGER,
+    outcome TEXT NOT NULL,
+    PRIMARY KEY (provider, key, id)
+) WITHOUT ROWID;
+INSERT INTO attempts (provider, key, id, at, account_id, status, outcome)
+    SELECT provider, key, id, at, account_id, status, outcome FROM attempts_v1;
+DROP TABLE attempts_v1;
 ";
 
 /// A stored pin.
@@ -184,21 +210,33 @@ impl<'a, D: Db> Store<'a, D> {
 
     /// Create the schema if absent and record its version. Safe to run on every call.
     pub fn migrate(&self) -> Result<(), DbError> {
-        self.db.execute_batch(SCHEMA)?;
-        self.db.execute(
-            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema-version', ?1)",
-            &[SCHEMA_VERSION.into()],
-        )?;
-        Ok(())
+        self.tx(|st| {
+            // No meta table yet (a fresh database) reads as no version.
+            let version = st.meta_i64("schema-version").ok().flatten();
+            if version.is_some_and(|v| v >= SCHEMA_VERSION) {
+                return Ok(());
+            }
+            if version == Some(1) {
+                st.db.execute_batch(ATTEMPTS_V2)?;
+            }
+            st.db.execute_batch(SCHEMA)?;
+            st.set_meta_i64("schema-version", SCHEMA_VERSION)
+        })
     }
 
     /// Migrate unless the schema version row already says this version (the common case
     /// costs one read, no write lock).
     pub fn ensure_schema(&self) -> Result<(), DbError> {
-        match self.meta_i64("schema-version") {
-            Ok(Some(v)) if v >= SCHEMA_VERSION => Ok(()),
-            _ => self.migrate(),
+        if self.schema_current()? {
+            return Ok(());
         }
+        self.migrate()
+    }
+
+    /// Whether the schema is this version's (false for a fresh database, whose tables do
+    /// not exist yet).
+    pub fn schema_current(&self) -> Result<bool, DbError> {
+        Ok(matches!(self.meta_i64("schema-version"), Ok(Some(v)) if v >= SCHEMA_VERSION))
     }
 
     /// Run `f` in a `BEGIN IMMEDIATE` transaction. Called inside another `tx` of this
@@ -481,10 +519,13 @@ impl<'a, D: Db> Store<'a, D> {
         Ok(())
     }
 
+    /// Record that the account was used at `now`, unless its last use is already within
+    /// [`TOUCH_GRANULARITY_MS`] of it (then nothing is written).
     pub fn touch_account(&self, id: &str, now: u64) -> Result<(), DbError> {
         self.db.execute(
-            "UPDATE accounts SET last_used_at = ?2 WHERE id = ?1",
-            &[id.into(), now.into()],
+            "UPDATE accounts SET last_used_at = ?2
+             WHERE id = ?1 AND (last_used_at IS NULL OR last_used_at + ?3 <= ?2)",
+            &[id.into(), now.into(), TOUCH_GRANULARITY_MS.into()],
         )?;
         Ok(())
     }
@@ -899,7 +940,8 @@ impl<'a, D: Db> Store<'a, D> {
     }
 
     /// Refresh a pin's last use (and confirm a provisional pin) if it is still the one the
-    /// request saw.
+    /// request saw. A confirmed pin used within [`TOUCH_GRANULARITY_MS`] is left as it is.
+    /// Returns whether it wrote.
     pub fn touch_pin(
         &self,
         provider: Provider,
@@ -909,12 +951,14 @@ impl<'a, D: Db> Store<'a, D> {
     ) -> Result<bool, DbError> {
         Ok(self.db.execute(
             "UPDATE pins SET last_used_at = ?4, provisional = 0
-             WHERE provider = ?1 AND key = ?2 AND generation = ?3",
+             WHERE provider = ?1 AND key = ?2 AND generation = ?3
+               AND (provisional = 1 OR last_used_at + ?5 <= ?4)",
             &[
                 provider.as_str().into(),
                 key.into(),
                 generation.into(),
                 now.into(),
+                TOUCH_GRANULARITY_MS.into(),
             ],
         )? > 0)
     }
@@ -998,15 +1042,30 @@ impl<'a, D: Db> Store<'a, D> {
         status: Option<u16>,
         outcome: &str,
     ) -> Result<(), DbError> {
-        self.db.execute(
-            "INSERT INTO attempts (provider, key, at, account_id, status, outcome) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            &[provider.as_str().into(), key.into(), at.into(), account.into(), status.map(u32::from).into(), outcome.into()],
+        // Ids count up per session; every RECENT_ATTEMPTS-th one trims the session back to
+        // its last RECENT_ATTEMPTS, so most attempts write one row and nothing else.
+        let rows = self.db.query(
+            "INSERT INTO attempts (provider, key, id, at, account_id, status, outcome)
+             SELECT ?1, ?2, COALESCE(MAX(id), 0) + 1, ?3, ?4, ?5, ?6
+             FROM attempts WHERE provider = ?1 AND key = ?2
+             RETURNING id",
+            &[
+                provider.as_str().into(),
+                key.into(),
+                at.into(),
+                account.into(),
+                status.map(u32::from).into(),
+                outcome.into(),
+            ],
         )?;
-        self.db.execute(
-            "DELETE FROM attempts WHERE provider = ?1 AND key = ?2 AND id NOT IN (
-                SELECT id FROM attempts WHERE provider = ?1 AND key = ?2 ORDER BY id DESC LIMIT ?3)",
-            &[provider.as_str().into(), key.into(), (RECENT_ATTEMPTS as u64).into()],
-        )?;
+        let id = rows.first().map_or(Ok(0), |r| r.i64("id"))?;
+        let keep = RECENT_ATTEMPTS as i64;
+        if id > 0 && id % keep == 0 {
+            self.db.execute(
+                "DELETE FROM attempts WHERE provider = ?1 AND key = ?2 AND id <= ?3",
+                &[provider.as_str().into(), key.into(), (id - keep).into()],
+            )?;
+        }
         Ok(())
     }
 
@@ -1017,10 +1076,17 @@ impl<'a, D: Db> Store<'a, D> {
         key: &str,
     ) -> Result<Vec<AttemptRow>, DbError> {
         let rows = self.db.query(
-            "SELECT at, account_id, status, outcome FROM attempts WHERE provider = ?1 AND key = ?2 ORDER BY id",
-            &[provider.as_str().into(), key.into()],
+            "SELECT at, account_id, status, outcome FROM attempts WHERE provider = ?1 AND key = ?2
+             ORDER BY id DESC LIMIT ?3",
+            &[
+                provider.as_str().into(),
+                key.into(),
+                (RECENT_ATTEMPTS as u64).into(),
+            ],
         )?;
-        rows.iter()
+        let mut rows: Vec<_> = rows.iter().collect();
+        rows.reverse();
+        rows.into_iter()
             .map(|r| {
                 Ok(AttemptRow {
                     at: r.u64("at")?,
@@ -1228,25 +1294,53 @@ mod tests {
         let db = NativeDb::memory();
         let s = store(&db);
         let p = Provider::Claude;
+        // Seconds apart: a use within TOUCH_GRANULARITY_MS of the last is not written.
+        const SEC: u64 = 1_000;
+        let life = 100 * SEC;
         for (i, k) in ["k1", "k2", "k3", "k4"].into_iter().enumerate() {
-            s.bind_pin(p, k, "a", None, None, i as u64, 100, "x", 4)
+            s.bind_pin(p, k, "a", None, None, i as u64 * SEC, life, "x", 4)
                 .unwrap();
         }
-        let g1 = s.pin(p, "k1", 4, 100).unwrap().unwrap().generation;
-        s.touch_pin(p, "k1", g1, 10).unwrap();
-        s.bind_pin(p, "k5", "a", None, None, 11, 100, "x", 4)
+        let g1 = s.pin(p, "k1", 4 * SEC, life).unwrap().unwrap().generation;
+        assert!(s.touch_pin(p, "k1", g1, 10 * SEC).unwrap());
+        s.bind_pin(p, "k5", "a", None, None, 11 * SEC, life, "x", 4)
             .unwrap();
         assert!(
-            s.pin(p, "k1", 12, 100).unwrap().is_some(),
+            s.pin(p, "k1", 12 * SEC, life).unwrap().is_some(),
             "touched pin survives"
         );
-        assert!(s.pin(p, "k2", 12, 100).unwrap().is_none(), "LRU evicted");
+        assert!(
+            s.pin(p, "k2", 12 * SEC, life).unwrap().is_none(),
+            "LRU evicted"
+        );
         assert_eq!(s.pin_count().unwrap(), 4);
         assert!(
-            s.pin(p, "k5", 111, 100).unwrap().is_none(),
+            s.pin(p, "k5", 111 * SEC, life).unwrap().is_none(),
             "expired after the idle lifetime"
         );
-        assert_eq!(s.prune_pins(111, 100, 4).unwrap(), 4);
+        assert_eq!(s.prune_pins(111 * SEC, life, 4).unwrap(), 4);
+    }
+
+    #[test]
+    fn a_use_within_the_granularity_writes_nothing() {
+        let db = NativeDb::memory();
+        let s = store(&db);
+        let p = Provider::Claude;
+        s.bind_pin(p, "k", "a", None, None, 5_000, 60_000, "x", 8)
+            .unwrap();
+        let pin = s.pin(p, "k", 5_000, 60_000).unwrap().unwrap();
+        let later = 5_000 + TOUCH_GRANULARITY_MS - 1;
+        assert!(!s.touch_pin(p, "k", pin.generation, later).unwrap());
+        assert_eq!(
+            s.pin(p, "k", later, 60_000).unwrap().unwrap().last_used_at,
+            5_000
+        );
+        let later = 5_000 + TOUCH_GRANULARITY_MS;
+        assert!(s.touch_pin(p, "k", pin.generation, later).unwrap());
+        assert_eq!(
+            s.pin(p, "k", later, 60_000).unwrap().unwrap().last_used_at,
+            later
+        );
     }
 
     #[test]
@@ -1316,6 +1410,73 @@ mod tests {
         let recent = s.recent_attempts(Provider::Claude, "session:s").unwrap();
         assert_eq!(recent.len(), RECENT_ATTEMPTS);
         assert_eq!((recent[0].at, recent[19].at), (5, 24));
+        // Another session counts its own ids and keeps its own attempts.
+        s.record_attempt(Provider::Claude, "session:t", 99, "b", None, "transient")
+            .unwrap();
+        let other = s.recent_attempts(Provider::Claude, "session:t").unwrap();
+        assert_eq!(other.len(), 1);
+        assert_eq!((other[0].at, other[0].account.as_str()), (99, "b"));
+        // Stored rows stay bounded: trimmed back to twenty on every twentieth attempt.
+        for i in 25..40u64 {
+            s.record_attempt(Provider::Claude, "session:s", i, "a", Some(200), "served")
+                .unwrap();
+        }
+        let rows = db
+            .query(
+                "SELECT COUNT(*) AS n FROM attempts WHERE key = 'session:s'",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            rows.first().unwrap().u64("n").unwrap(),
+            RECENT_ATTEMPTS as u64
+        );
+        let recent = s.recent_attempts(Provider::Claude, "session:s").unwrap();
+        assert_eq!((recent[0].at, recent[19].at), (20, 39));
+    }
+
+    #[test]
+    fn a_schema_1_database_migrates_keeping_its_attempts() {
+        let db = NativeDb::memory();
+        db.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value);
+             INSERT INTO meta VALUES ('schema-version', 1);
+             CREATE TABLE attempts (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 provider TEXT NOT NULL, key TEXT NOT NULL, at INTEGER NOT NULL,
+                 account_id TEXT NOT NULL, status INTEGER, outcome TEXT NOT NULL);
+             CREATE INDEX attempts_by_key ON attempts(provider, key, id);
+             INSERT INTO attempts (provider, key, at, account_id, status, outcome) VALUES
+                 ('claude', 'session:s', 1, 'a', 200, 'served'),
+                 ('claude', 'session:u', 2, 'b', 529, 'transient'),
+                 ('claude', 'session:s', 3, 'c', NULL, 'hold');",
+        )
+        .unwrap();
+        let s = Store::new(&db);
+        assert!(!s.schema_current().unwrap());
+        s.ensure_schema().unwrap();
+        assert!(s.schema_current().unwrap());
+        let at = |key: &str| -> Vec<(u64, String)> {
+            s.recent_attempts(Provider::Claude, key)
+                .unwrap()
+                .into_iter()
+                .map(|a| (a.at, a.outcome))
+                .collect()
+        };
+        assert_eq!(at("session:s"), [(1, "served".into()), (3, "hold".into())]);
+        assert_eq!(at("session:u"), [(2, "transient".into())]);
+        // New attempts continue after the migrated ones.
+        s.record_attempt(Provider::Claude, "session:s", 4, "a", Some(200), "served")
+            .unwrap();
+        assert_eq!(at("session:s").last(), Some(&(4, "served".into())));
+        // The old table and its index are gone.
+        let rows = db
+            .query(
+                "SELECT COUNT(*) AS n FROM sqlite_master WHERE name IN ('attempts_v1', 'attempts_by_key')",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(rows.first().unwrap().u64("n").unwrap(), 0);
     }
 
     #[test]
