@@ -50,11 +50,69 @@ pub fn normalise_key(s: &str) -> Option<String> {
 
 /// Read the session of a request. A body that is not JSON gives a session-less request.
 pub fn extract(provider: Provider, headers: &Headers, body: &[u8]) -> SessionInfo {
-    let json: Option<Value> = serde_json::from_slice(body).ok();
+    let json = read_fields(body);
     match provider {
         Provider::Claude => extract_claude(headers, json.as_ref()),
         Provider::Codex => extract_codex(headers, json.as_ref()),
     }
+}
+
+/// The top-level body fields the extraction reads.
+const FIELDS: [&str; 4] = ["metadata", "model", "client_metadata", "prompt_cache_key"];
+
+/// The body as far as the extraction reads it: for a JSON object, an object of just its
+/// [`FIELDS`] (the last of a repeated key, as a full parse would keep); for other JSON,
+/// `null`; for a body that is not JSON, None. Every other field — the messages and tools,
+/// nearly all of an agent's request — is checked and skipped without being built: a full
+/// parse into a `Value` allocated every string and object of a body that can be megabytes.
+pub fn read_fields(body: &[u8]) -> Option<Value> {
+    use serde::de::{Deserializer as _, IgnoredAny, MapAccess, Visitor};
+
+    struct Fields;
+    impl<'de> Visitor<'de> for Fields {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut kept = serde_json::Map::new();
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if FIELDS.contains(&key.as_ref()) {
+                    kept.insert(key.into_owned(), map.next_value::<Value>()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(Value::Object(kept))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Value::Null)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = (&mut de).deserialize_any(Fields).ok()?;
+    de.end().ok()?;
+    Some(value)
 }
 
 /// A JSON object that may be given inline or as a string holding JSON.
@@ -164,6 +222,61 @@ pub fn extract_codex(headers: &Headers, body: Option<&Value>) -> SessionInfo {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Reading only the extraction's fields finds what a full parse finds, for both
+    /// providers, on every kind of body.
+    #[test]
+    fn reading_the_fields_extracts_what_a_full_parse_does() {
+        let big: String = (0..2_000)
+            .map(|i| {
+                format!(r#"{{"role":"user","content":"message {i} with \"quotes\" and ünïcode"}},"#)
+            })
+            .collect();
+        let bodies: Vec<String> = vec![
+            format!(
+                r#"{{"model":"claude-opus-4","messages":[{}{{"role":"user","content":"x"}}],"metadata":{{"user_id":"{{\"session_id\":\"s-1\",\"parent_session_id\":\"p-1\"}}"}},"tools":[{{"name":"t","input_schema":{{"type":"object"}}}}]}}"#,
+                big
+            ),
+            r#"{"metadata":{"user_id":"user_ab_account_cd_session_legacy-1"},"model":"claude-haiku"}"#.into(),
+            // A repeated key: the last one counts, as in a full parse.
+            r#"{"model":"claude-haiku","model":"claude-opus-4","metadata":{"user_id":"u"},"metadata":{"user_id":"user_x_session_last"}}"#.into(),
+            r#"{"prompt_cache_key":"pck","client_metadata":{"session_id":"c-1","x-codex-turn-metadata":"{\"thread_id\":\"t-1\",\"forked_from_thread_id\":\"f-1\"}"},"input":[1,2,3]}"#.into(),
+            r#"{"prompt_cache_key":"only-the-cache-key","input":{"deep":[[[[{"a":null}]]]]}}"#.into(),
+            r#"{"model":null,"metadata":7}"#.into(),
+            "[1, 2, 3]".into(),
+            r#""a string""#.into(),
+            "42".into(),
+            "null".into(),
+            "{}".into(),
+            // Not JSON: truncated, trailing garbage, empty.
+            r#"{"model":"claude-opus-4","messages":["#.into(),
+            r#"{"model":"claude-opus-4"} trailing"#.into(),
+            String::new(),
+        ];
+        let mut headers = Headers::new();
+        headers.push("x-claude-code-session-id", "h-1");
+        for body in &bodies {
+            let full: Option<Value> = serde_json::from_slice(body.as_bytes()).ok();
+            let read = read_fields(body.as_bytes());
+            assert_eq!(read.is_some(), full.is_some(), "{body:.80}");
+            assert_eq!(
+                extract_claude(&headers, read.as_ref()),
+                extract_claude(&headers, full.as_ref()),
+                "claude: {body:.80}"
+            );
+            assert_eq!(
+                extract_codex(&headers, read.as_ref()),
+                extract_codex(&headers, full.as_ref()),
+                "codex: {body:.80}"
+            );
+            if let (Some(Value::Object(read)), Some(Value::Object(full))) = (&read, &full) {
+                for (k, v) in read {
+                    assert_eq!(full.get(k), Some(v), "{k} of {body:.80}");
+                }
+                assert!(read.keys().all(|k| FIELDS.contains(&k.as_str())));
+            }
+        }
+    }
 
     fn claude(headers: &[(&str, &str)], body: Value) -> SessionInfo {
         let mut h = Headers::new();
