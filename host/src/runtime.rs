@@ -13,6 +13,7 @@ use anyhow::Context;
 use pooler_core::clock::SharedClock;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store, UpdateDeadline};
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 use crate::bindings::pool::{AccountPool, AccountPoolPre};
 use crate::bindings::retry::{ProviderRetry, ProviderRetryPre};
@@ -111,13 +112,31 @@ pub trait Instantiate: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = wasmtime::Result<Self::Bindings>> + Send + 'a>>;
 }
 
-impl Instantiate for AccountPoolPre<PluginState> {
+/// The pool's component, pre-instantiated twice over: with its whole world's bindings (for
+/// the plugin calls), and with only `wasi:http/incoming-handler`'s (for the HTTP path).
+/// Instantiating through the world's bindings looks up and type-checks every export of
+/// every interface on each instantiation; a request needs one function.
+pub(crate) struct PoolPre {
+    world: AccountPoolPre<PluginState>,
+    pub(crate) http: ProxyPre<PluginState>,
+}
+
+impl PoolPre {
+    fn new(pre: wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<Self> {
+        Ok(PoolPre {
+            http: ProxyPre::new(pre.clone())?,
+            world: AccountPoolPre::new(pre)?,
+        })
+    }
+}
+
+impl Instantiate for PoolPre {
     type Bindings = AccountPool;
     fn instantiate<'a>(
         &'a self,
         store: &'a mut Store<PluginState>,
     ) -> Pin<Box<dyn Future<Output = wasmtime::Result<AccountPool>> + Send + 'a>> {
-        Box::pin(self.instantiate_async(store))
+        Box::pin(self.world.instantiate_async(store))
     }
 }
 
@@ -140,7 +159,7 @@ pub(crate) struct Shared {
     pub(crate) data_dir: PathBuf,
     pub(crate) clock: SharedClock,
     services: Services,
-    pub(crate) pool: Option<Loaded<AccountPoolPre<PluginState>>>,
+    pub(crate) pool: Option<Loaded<PoolPre>>,
     pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
     pub(crate) changes: Arc<ChangeQueue>,
     /// The core, when the host runs with one (`core_link::CoreLink::attach`).
@@ -344,7 +363,7 @@ impl Host {
             &config,
             &data_dir,
             Role::AccountPool,
-            AccountPoolPre::new,
+            PoolPre::new,
         )?;
         let retry = load(
             &engine,

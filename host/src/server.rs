@@ -29,7 +29,7 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::admin::Admin;
 use crate::roles::Role;
-use crate::runtime::{CallError, Host, Instantiate};
+use crate::runtime::{CallError, Host};
 
 /// The admin API's path prefix.
 pub const ADMIN_PREFIX: &str = "/_pooler/";
@@ -335,7 +335,7 @@ impl Host {
                 return Err(CallError::NoPlugin(Role::AccountPool));
             };
             let result = async {
-                let instance = Instantiate::instantiate(&plugin.pre, &mut store).await?;
+                let instance = plugin.pre.http.instantiate_async(&mut store).await?;
                 instance
                     .wasi_http_incoming_handler()
                     .call_handle(&mut store, request, out)
