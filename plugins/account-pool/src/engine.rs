@@ -7,7 +7,7 @@
 //! keeps all state in the database, so it runs the same natively (tests, fakes) and in the
 //! component (wasi:http, the WIT sqlite import).
 
-use crate::http::{self, Headers, PoolError, RouteMatch};
+use crate::http::{self, Endpoint, Headers, PoolError, RouteMatch};
 use crate::model::{ChangeCause, Credential, Family, HoldKind, OAuthTokens, Provider};
 use crate::oauth::{self, Need, RefreshResult, RefusedEffect};
 use crate::policy::{
@@ -173,17 +173,89 @@ enum Attempt<B> {
     },
 }
 
-/// What a request reads before anything else, in one read transaction.
-struct Decision {
-    /// The route its token names: (thread, provider).
-    route: Option<(String, Provider)>,
+/// What a request comes to before it chooses an account, read in one read transaction.
+enum Decision<B> {
+    /// The pool answers it itself (bad method or path, bad token, routing off, too large).
+    Refused(Response<B>),
+    /// It is routed.
+    Routed(Box<Routed>),
+}
+
+/// A request the pool routes: for the route's thread, with what it chooses from.
+struct Routed {
+    thread: String,
     settings: Settings,
-    /// For a request the pool will route: what it chooses from.
-    snapshot: Option<Snapshot>,
+    info: SessionInfo,
+    snapshot: Snapshot,
+}
+
+/// Whether the pool serves this request, checked in the order the client should hear
+/// about it: the endpoint and thread it is routed for, or the pool's own answer.
+fn refusal<B>(
+    req: &IncomingRequest,
+    route: Option<(String, Provider)>,
+    settings: &Settings,
+) -> Result<(Endpoint, String), Response<B>> {
+    let endpoint = match http::match_route(&req.method, &req.path) {
+        RouteMatch::Endpoint(e) => e,
+        RouteMatch::MethodNotAllowed(p) => {
+            return Err(Response::pool(
+                p,
+                &PoolError::pool(
+                    405,
+                    format!("{} is not allowed on {}.", req.method, req.path),
+                ),
+            ));
+        }
+        RouteMatch::NotFound(guess) => {
+            let p = route
+                .as_ref()
+                .map(|r| r.1)
+                .or(guess)
+                .unwrap_or(Provider::Claude);
+            let status = if route.is_some() { 404 } else { 401 };
+            let msg = if route.is_some() {
+                format!("Account Pooler does not serve {}.", req.path)
+            } else {
+                "Invalid Account Pooler bearer token.".to_owned()
+            };
+            return Err(Response::pool(p, &PoolError::pool(status, msg)));
+        }
+    };
+    let provider = endpoint.provider();
+    let Some((thread, _)) = route.filter(|r| r.1 == provider) else {
+        return Err(Response::pool(
+            provider,
+            &PoolError::pool(401, "Invalid Account Pooler bearer token."),
+        ));
+    };
+    if !settings.routing(provider) {
+        return Err(Response::pool(
+            provider,
+            &PoolError::pool(
+                503,
+                format!("Account Pooler routing is off for {provider}."),
+            ),
+        ));
+    }
+    if req.body_truncated || req.body.len() as u64 > settings.max_request_body {
+        return Err(Response::pool(
+            provider,
+            &PoolError::pool(
+                413,
+                format!(
+                    "The request body exceeds {} bytes.",
+                    settings.max_request_body
+                ),
+            ),
+        ));
+    }
+    Ok((endpoint, thread))
 }
 
 /// The state a routed request chooses its first account from.
 struct Snapshot {
+    provider: Provider,
     /// The provider's accounts, in selection order.
     accounts: Vec<AccountState>,
     /// The session's fresh pin.
@@ -195,13 +267,25 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// Read the request's session (its body is parsed only now, for a request the pool
+    /// routes) and the state it chooses from.
     fn read<D: Db>(
         st: &Store<'_, D>,
-        provider: Provider,
-        info: &SessionInfo,
+        endpoint: Endpoint,
+        req: &IncomingRequest,
         s: &Settings,
         now: u64,
-    ) -> Result<Snapshot, DbError> {
+    ) -> Result<(SessionInfo, Snapshot), DbError> {
+        let provider = endpoint.provider();
+        let found = session::extract(provider, &req.headers, &req.body);
+        let info = if endpoint.is_conversation() {
+            found
+        } else {
+            SessionInfo {
+                family: found.family,
+                ..SessionInfo::default()
+            }
+        };
         let pin = match info.key.as_deref() {
             Some(k) => st.pin(provider, k, now, s.pin_lifetime_ms)?,
             None => None,
@@ -212,12 +296,14 @@ impl Snapshot {
                 .map(|p| p.account),
             _ => None,
         };
-        Ok(Snapshot {
+        let snapshot = Snapshot {
+            provider,
             accounts: st.accounts(Some(provider))?,
             pin,
             inherited,
             cursor: st.cursor(provider)?,
-        })
+        };
+        Ok((info, snapshot))
     }
 }
 
@@ -271,22 +357,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
     }
 
     async fn handle_inner(&self, req: &IncomingRequest) -> Result<Response<U::Body>, DbError> {
-        let route_match = http::match_route(&req.method, &req.path);
         let hash = token::from_headers(&req.headers).map(|t| token::hash(&t));
-        let info = match route_match {
-            RouteMatch::Endpoint(e) if e.is_conversation() => {
-                session::extract(e.provider(), &req.headers, &req.body)
-            }
-            RouteMatch::Endpoint(e) => SessionInfo {
-                family: session::extract(e.provider(), &req.headers, &req.body).family,
-                ..SessionInfo::default()
-            },
-            _ => SessionInfo::default(),
-        };
         let start = self.env.now();
         // Everything the request decides on, read in one read transaction: one snapshot,
         // one read lock (instead of one per statement).
-        let read = |st: &Store<'a, D>| -> Result<Option<Decision>, DbError> {
+        let read = |st: &Store<'a, D>| -> Result<Option<Decision<U::Body>>, DbError> {
             if !st.schema_current()? {
                 return Ok(None);
             }
@@ -298,18 +373,17 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 Some(s) => s.clone(),
                 None => st.settings()?,
             };
-            let snapshot = match (route_match, &route) {
-                (RouteMatch::Endpoint(e), Some((_, p)))
-                    if *p == e.provider() && settings.routing(*p) && !req.body_truncated =>
-                {
-                    Some(Snapshot::read(st, *p, &info, &settings, start)?)
+            Ok(Some(match refusal(req, route, &settings) {
+                Err(refused) => Decision::Refused(refused),
+                Ok((endpoint, thread)) => {
+                    let (info, snapshot) = Snapshot::read(st, endpoint, req, &settings, start)?;
+                    Decision::Routed(Box::new(Routed {
+                        thread,
+                        settings,
+                        info,
+                        snapshot,
+                    }))
                 }
-                _ => None,
-            };
-            Ok(Some(Decision {
-                route,
-                settings,
-                snapshot,
             }))
         };
         let decision = match self.store.read(read)? {
@@ -321,69 +395,17 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                     .ok_or_else(|| DbError::Decode("the schema did not migrate".into()))?
             }
         };
-        let Decision {
-            route,
+        let Routed {
+            thread,
             settings,
+            info,
             snapshot,
-        } = decision;
-        let endpoint = match route_match {
-            RouteMatch::Endpoint(e) => e,
-            RouteMatch::MethodNotAllowed(p) => {
-                return Ok(Response::pool(
-                    p,
-                    &PoolError::pool(
-                        405,
-                        format!("{} is not allowed on {}.", req.method, req.path),
-                    ),
-                ));
-            }
-            RouteMatch::NotFound(guess) => {
-                let p = route
-                    .as_ref()
-                    .map(|r| r.1)
-                    .or(guess)
-                    .unwrap_or(Provider::Claude);
-                let status = if route.is_some() { 404 } else { 401 };
-                let msg = if route.is_some() {
-                    format!("Account Pooler does not serve {}.", req.path)
-                } else {
-                    "Invalid Account Pooler bearer token.".to_owned()
-                };
-                return Ok(Response::pool(p, &PoolError::pool(status, msg)));
-            }
-        };
-        let provider = endpoint.provider();
-        let Some((thread, _)) = route.filter(|r| r.1 == provider) else {
-            return Ok(Response::pool(
-                provider,
-                &PoolError::pool(401, "Invalid Account Pooler bearer token."),
-            ));
-        };
-        if !settings.routing(provider) {
-            return Ok(Response::pool(
-                provider,
-                &PoolError::pool(
-                    503,
-                    format!("Account Pooler routing is off for {provider}."),
-                ),
-            ));
-        }
-        let too_large = PoolError::pool(
-            413,
-            format!(
-                "The request body exceeds {} bytes.",
-                settings.max_request_body
-            ),
-        );
-        if req.body.len() as u64 > settings.max_request_body {
-            return Ok(Response::pool(provider, &too_large));
-        }
-        let Some(snapshot) = snapshot else {
-            // Only a truncated body is left without a snapshot here.
-            return Ok(Response::pool(provider, &too_large));
+        } = match decision {
+            Decision::Refused(response) => return Ok(response),
+            Decision::Routed(routed) => *routed,
         };
         let ctx = Ctx {
-            provider,
+            provider: snapshot.provider,
             req,
             family: info.family,
             key: info.key.as_deref(),
@@ -408,6 +430,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             pin,
             inherited,
             cursor,
+            ..
         } = snapshot;
         let snapshot: Vec<String> = accounts.iter().map(|a| a.id.clone()).collect();
         let mut fresh = Some(accounts);

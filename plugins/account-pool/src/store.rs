@@ -118,20 +118,13 @@ CREATE TABLE IF NOT EXISTS pending_signals (
 );
 ";
 
-/// Schema 1 to 2: `attempts` rebuilt keyed by session; its rows (and their order) kept.
-const ATTEMPTS_V2: &str = "
+/// Schema 1 to 2, around [`SCHEMA`] (which creates the new `attempts`): the old table is
+/// set aside first, and its rows (ids and so order kept) copied over after.
+const ATTEMPTS_V2_BEFORE: &str = "
 ALTER TABLE attempts RENAME TO attempts_v1;
 DROP INDEX IF EXISTS attempts_by_key;
-CREATE TABLE attempts (
-    provider TEXT NOT NULL,
-    key TEXT NOT NULL,
-    id INTEGER NOT NULL,
-    at INTEGER NOT NULL,
-    account_id TEXT NOT NULL,
-    status INTEGER,
-    outcome TEXT NOT NULL,
-    PRIMARY KEY (provider, key, id)
-) WITHOUT ROWID;
+";
+const ATTEMPTS_V2_AFTER: &str = "
 INSERT INTO attempts (provider, key, id, at, account_id, status, outcome)
     SELECT provider, key, id, at, account_id, status, outcome FROM attempts_v1;
 DROP TABLE attempts_v1;
@@ -217,9 +210,12 @@ impl<'a, D: Db> Store<'a, D> {
                 return Ok(());
             }
             if version == Some(1) {
-                st.db.execute_batch(ATTEMPTS_V2)?;
+                st.db.execute_batch(ATTEMPTS_V2_BEFORE)?;
             }
             st.db.execute_batch(SCHEMA)?;
+            if version == Some(1) {
+                st.db.execute_batch(ATTEMPTS_V2_AFTER)?;
+            }
             st.set_meta_i64("schema-version", SCHEMA_VERSION)
         })
     }
