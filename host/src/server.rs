@@ -276,6 +276,56 @@ impl Body for LimitedBody {
     }
 }
 
+/// A guest's call of `wasi:http/incoming-handler.handle`, on its own store.
+type GuestCall = Pin<Box<dyn Future<Output = Result<(), CallError>> + Send>>;
+
+/// How a guest's handling of a request first came to something.
+enum Head {
+    /// It set the response (or an error code) through its out-parameter.
+    Set(
+        Result<
+            Response<HyperOutgoingBody>,
+            wasmtime_wasi_http::p2::bindings::http::types::ErrorCode,
+        >,
+    ),
+    /// It returned (or failed) without setting one.
+    Finished(Result<(), CallError>),
+}
+
+/// A response body the guest is still writing: each poll also drives the guest, so it
+/// runs in the connection's task. Dropped early (the client went away), it stops the guest
+/// and drops its store, which rolls back what the guest left open.
+struct GuestDriven {
+    body: HyperOutgoingBody,
+    guest: Option<GuestCall>,
+    plugin: Arc<str>,
+}
+
+impl Body for GuestDriven {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(guest) = self.guest.as_mut()
+            && let Poll::Ready(done) = guest.as_mut().poll(cx)
+        {
+            self.guest = None;
+            if let Err(e) = done {
+                // The head is sent; the client sees the body end where the guest stopped.
+                tracing::warn!(plugin = &*self.plugin, error = %e, "the pool failed while writing a response");
+            }
+        }
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.guest.is_none() && self.body.is_end_stream()
+    }
+}
+
 impl Host {
     /// Where `role`'s component came from, when one is loaded.
     pub fn plugin_source(&self, role: Role) -> Option<String> {
@@ -328,9 +378,7 @@ impl Host {
             Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("{e:#}")),
         };
         let host = self.clone();
-        // The guest runs in its own task so it can keep streaming the body after the
-        // response head has been handed to hyper.
-        let task = tokio::spawn(async move {
+        let guest: GuestCall = Box::pin(async move {
             let Some(plugin) = host.shared.pool.as_ref() else {
                 return Err(CallError::NoPlugin(Role::AccountPool));
             };
@@ -345,22 +393,61 @@ impl Host {
             drop(store);
             result.map_err(|e| Host::call_error(&plugin.meta, CALL, e))
         });
-        match receiver.await {
-            Ok(Ok(response)) => response,
-            Ok(Err(code)) => {
+        // The guest runs in this request's own task (no spawn, no hand-over between tasks):
+        // here until it sets the response head, then inside the response body, which keeps
+        // driving it while it writes the rest.
+        let mut guest = Some(guest);
+        let mut receiver = receiver;
+        let mut closed = false;
+        let head = std::future::poll_fn(|cx| {
+            if !closed {
+                match Pin::new(&mut receiver).poll(cx) {
+                    Poll::Ready(Ok(head)) => return Poll::Ready(Head::Set(head)),
+                    // Dropped unset: the guest is finishing (or failed); drive it to the end
+                    // to learn which.
+                    Poll::Ready(Err(_)) => closed = true,
+                    Poll::Pending => {}
+                }
+            }
+            let Some(call) = guest.as_mut() else {
+                return Poll::Ready(Head::Finished(Ok(())));
+            };
+            let Poll::Ready(done) = call.as_mut().poll(cx) else {
+                return Poll::Pending;
+            };
+            guest = None;
+            match receiver.try_recv() {
+                // Set during this very poll.
+                Ok(head) if !closed => Poll::Ready(Head::Set(head)),
+                _ => Poll::Ready(Head::Finished(done)),
+            }
+        })
+        .await;
+        match head {
+            Head::Set(Ok(response)) => match guest {
+                Some(guest) => response.map(|body| {
+                    GuestDriven {
+                        body,
+                        guest: Some(guest),
+                        plugin: meta.id.clone(),
+                    }
+                    .boxed_unsync()
+                }),
+                None => response,
+            },
+            Head::Set(Err(code)) => {
                 tracing::warn!(plugin = &*meta.id, error = ?code, "the pool answered with an error code");
                 error_response(
                     StatusCode::BAD_GATEWAY,
                     &format!("the pool failed the request: {code:?}"),
                 )
             }
-            Err(_) => {
-                let message = match task.await {
-                    Ok(Ok(())) => format!("plugin `{}` returned without a response", meta.id),
-                    Ok(Err(e)) => e.to_string(),
-                    Err(e) => format!("plugin `{}` task failed: {e}", meta.id),
-                };
-                error_response(StatusCode::INTERNAL_SERVER_ERROR, &message)
+            Head::Finished(Ok(())) => error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("plugin `{}` returned without a response", meta.id),
+            ),
+            Head::Finished(Err(e)) => {
+                error_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
             }
         }
     }
