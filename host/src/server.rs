@@ -292,13 +292,52 @@ enum Head {
     Finished(Result<(), CallError>),
 }
 
+/// A guest call that runs to its end even when the request lets go of it early (the
+/// client went away): the rest then runs in a task of its own, as a guest always did, so
+/// a guest is never cut off mid-call (an OAuth refresh whose answer is not yet stored, say);
+/// only its deadline stops it.
+struct RunToEnd {
+    call: Option<GuestCall>,
+    plugin: Arc<str>,
+}
+
+impl RunToEnd {
+    /// Drive the call; Ready once, with its result.
+    fn poll_call(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), CallError>> {
+        let Some(call) = self.call.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let done = std::task::ready!(call.as_mut().poll(cx));
+        self.call = None;
+        Poll::Ready(done)
+    }
+
+    fn finished(&self) -> bool {
+        self.call.is_none()
+    }
+}
+
+impl Drop for RunToEnd {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let plugin = self.plugin.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = call.await {
+                    tracing::warn!(plugin = &*plugin, error = %e, "the pool failed after its client went away");
+                }
+            });
+        }
+    }
+}
+
 /// A response body the guest is still writing: each poll also drives the guest, so it
-/// runs in the connection's task. Dropped early (the client went away), it stops the guest
-/// and drops its store, which rolls back what the guest left open.
+/// runs in the connection's task.
 struct GuestDriven {
     body: HyperOutgoingBody,
-    guest: Option<GuestCall>,
-    plugin: Arc<str>,
+    guest: RunToEnd,
 }
 
 impl Body for GuestDriven {
@@ -309,20 +348,15 @@ impl Body for GuestDriven {
         mut self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Some(guest) = self.guest.as_mut()
-            && let Poll::Ready(done) = guest.as_mut().poll(cx)
-        {
-            self.guest = None;
-            if let Err(e) = done {
-                // The head is sent; the client sees the body end where the guest stopped.
-                tracing::warn!(plugin = &*self.plugin, error = %e, "the pool failed while writing a response");
-            }
+        if let Poll::Ready(Err(e)) = self.guest.poll_call(cx) {
+            // The head is sent; the client sees the body end where the guest stopped.
+            tracing::warn!(plugin = &*self.guest.plugin, error = %e, "the pool failed while writing a response");
         }
         Pin::new(&mut self.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.guest.is_none() && self.body.is_end_stream()
+        self.guest.finished() && self.body.is_end_stream()
     }
 }
 
@@ -396,7 +430,10 @@ impl Host {
         // The guest runs in this request's own task (no spawn, no hand-over between tasks):
         // here until it sets the response head, then inside the response body, which keeps
         // driving it while it writes the rest.
-        let mut guest = Some(guest);
+        let mut guest = RunToEnd {
+            call: Some(guest),
+            plugin: meta.id.clone(),
+        };
         let mut receiver = receiver;
         let mut closed = false;
         let head = std::future::poll_fn(|cx| {
@@ -409,13 +446,7 @@ impl Host {
                     Poll::Pending => {}
                 }
             }
-            let Some(call) = guest.as_mut() else {
-                return Poll::Ready(Head::Finished(Ok(())));
-            };
-            let Poll::Ready(done) = call.as_mut().poll(cx) else {
-                return Poll::Pending;
-            };
-            guest = None;
+            let done = std::task::ready!(guest.poll_call(cx));
             match receiver.try_recv() {
                 // Set during this very poll.
                 Ok(head) if !closed => Poll::Ready(Head::Set(head)),
@@ -424,17 +455,10 @@ impl Host {
         })
         .await;
         match head {
-            Head::Set(Ok(response)) => match guest {
-                Some(guest) => response.map(|body| {
-                    GuestDriven {
-                        body,
-                        guest: Some(guest),
-                        plugin: meta.id.clone(),
-                    }
-                    .boxed_unsync()
-                }),
-                None => response,
-            },
+            Head::Set(Ok(response)) if guest.finished() => response,
+            Head::Set(Ok(response)) => {
+                response.map(|body| GuestDriven { body, guest }.boxed_unsync())
+            }
             Head::Set(Err(code)) => {
                 tracing::warn!(plugin = &*meta.id, error = ?code, "the pool answered with an error code");
                 error_response(
@@ -450,5 +474,36 @@ impl Host {
                 error_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guest the request lets go of before it finished (its client went away) is not cut
+    /// off: it runs on in a task of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_guest_let_go_of_early_runs_to_its_end() {
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let call: GuestCall = Box::pin(async move {
+            let _ = wait.await;
+            let _ = done.send(());
+            Ok(())
+        });
+        let mut guest = RunToEnd {
+            call: Some(call),
+            plugin: "account-pool".into(),
+        };
+        let waiting = std::future::poll_fn(|cx| Poll::Ready(guest.poll_call(cx).is_pending()));
+        assert!(waiting.await, "the call waits for `go`");
+        assert!(!guest.finished());
+        drop(guest);
+        let _ = go.send(());
+        tokio::time::timeout(Duration::from_secs(10), finished)
+            .await
+            .expect("in time")
+            .expect("the call ran to its end after it was let go of");
     }
 }

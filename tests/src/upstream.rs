@@ -161,8 +161,6 @@ struct State {
     /// Whether requests are kept (benchmarks turn it off).
     recording: std::sync::atomic::AtomicBool,
     hits: watch::Sender<usize>,
-    /// Streamed responses whose reader went away before the stream ended.
-    abandoned: watch::Sender<usize>,
 }
 
 /// The fake upstream server; it stops when dropped.
@@ -215,7 +213,6 @@ impl FakeUpstream {
             received: Mutex::new(Vec::new()),
             recording: std::sync::atomic::AtomicBool::new(true),
             hits: watch::Sender::new(0),
-            abandoned: watch::Sender::new(0),
         });
         let served = state.clone();
         let task = tokio::spawn(async move {
@@ -270,13 +267,6 @@ impl FakeUpstream {
         let mut rx = self.state.hits.subscribe();
         let _ = rx.wait_for(|hits| *hits >= n).await;
     }
-
-    /// Wait until the readers of at least `n` streamed responses have gone away while the
-    /// stream was paused at a gate (the connection closed, or the response was dropped).
-    pub async fn wait_for_abandoned(&self, n: usize) {
-        let mut rx = self.state.abandoned.subscribe();
-        let _ = rx.wait_for(|abandoned| *abandoned >= n).await;
-    }
 }
 
 async fn answer(
@@ -330,7 +320,6 @@ async fn answer(
         response = response.header(name, value);
     }
     let response = response.body(Streamed(rx)).map_err(std::io::Error::other)?;
-    let abandoned = state.abandoned.clone();
     tokio::spawn(async move {
         for step in reply.steps {
             match step {
@@ -339,15 +328,7 @@ async fn answer(
                         return;
                     }
                 }
-                Step::Pause(gate) => {
-                    tokio::select! {
-                        _ = gate.passed() => {}
-                        _ = tx.closed() => {
-                            abandoned.send_modify(|n| *n += 1);
-                            return;
-                        }
-                    }
-                }
+                Step::Pause(gate) => gate.passed().await,
                 Step::Disconnect => {
                     let _ = tx
                         .send(Err(std::io::Error::other("scripted: disconnect")))
