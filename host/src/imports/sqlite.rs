@@ -7,13 +7,23 @@
 //! WIT `error` variant, never as traps. Dropping a connection rolls back a transaction left
 //! open.
 //!
-//! Connections outlive the instance that opened them: a dropped one goes back to a
-//! [`ConnectionCache`] keyed by its file, and the next instance of the same plugin that opens
-//! that database gets it (with its prepared statements) instead of a new one. A fresh
-//! instance per request would otherwise open and close the database on every request, and
-//! closing the last connection of a WAL database checkpoints it, syncs it twice and deletes
-//! its -wal and -shm files, which the next open creates again: measured at several
-//! milliseconds per pooled request.
+//! Host connections outlive the instances that use them: they live in a [`ConnectionCache`]
+//! keyed by file. A fresh instance per request would otherwise open and close the database
+//! on every request, and closing the last connection of a WAL database checkpoints it, syncs
+//! it twice and deletes its -wal and -shm files, which the next open creates again: measured
+//! at several milliseconds per pooled request.
+//!
+//! A guest's `connection` holds a host connection only while it needs one of its own: inside
+//! a transaction, or for good once it has changed per-connection state (a pragma given a
+//! value, a temporary table, `ATTACH ''`). Between statements otherwise it holds none, and
+//! each statement runs on the file's most recently used idle connection. So at any moment
+//! few host connections are in use however many instances are alive, and the one most used
+//! keeps its page cache: SQLite drops a connection's whole page cache when it begins reading
+//! after *another* connection committed, and with one connection per live instance (64 at
+//! 64 concurrent requests) nearly every transaction re-read every page it touched.
+//! `last-insert-rowid` (and SQL's `last_insert_rowid()`) stays per guest connection; SQL's
+//! `changes()` reports the host connection's last statement, which outside a transaction
+//! may be another instance's.
 //!
 //! Calls run synchronously on the calling task: SQLite work here is short, and a plugin
 //! waiting on a lock is bounded by the busy timeout. Waiting on a lock is the exception: the
@@ -22,6 +32,7 @@
 //! its `BEGIN IMMEDIATE` and its `COMMIT`; with every worker asleep in a busy handler it
 //! could never run to release the lock, and every waiter would fail after the timeout.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs;
 use std::io::ErrorKind;
@@ -65,8 +76,8 @@ const STATEMENT_CACHE: usize = 128;
 /// passes between plugins.
 #[derive(Default)]
 pub struct ConnectionCache {
-    idle: Mutex<HashMap<PathBuf, Idle>>,
-    /// Per database file: its commits, which connections waiting for its write lock
+    files: Mutex<HashMap<PathBuf, Arc<FileSlot>>>,
+    /// Per database path: its commits, which connections waiting for its write lock
     /// wake on.
     commits: Mutex<HashMap<PathBuf, Arc<Commits>>>,
 }
@@ -103,10 +114,52 @@ impl Commits {
     }
 }
 
-/// The idle connections of one database file, and which file they have open.
-struct Idle {
+/// One database file: where it is, which file it was when opened, and its idle connections
+/// (the most recently used last).
+struct FileSlot {
+    dir: PathBuf,
+    name: String,
+    path: PathBuf,
     file: FileId,
-    connections: Vec<rusqlite::Connection>,
+    commits: Arc<Commits>,
+    idle: Mutex<Vec<rusqlite::Connection>>,
+}
+
+impl FileSlot {
+    /// The most recently used idle connection, or a new one.
+    fn take(&self) -> Result<rusqlite::Connection, Error> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => self.open_new(),
+        }
+    }
+
+    /// A new connection, refused if the path names another file than this slot's now (the
+    /// database was moved or replaced since it was first opened).
+    fn open_new(&self) -> Result<rusqlite::Connection, Error> {
+        let mut conn = open(&self.dir, &self.name)?;
+        if FileId::of(&self.path) != Some(self.file) {
+            return Err(Error::Io(format!(
+                "database `{}` was moved or replaced while open",
+                self.name
+            )));
+        }
+        signal_commits(&mut conn, &self.commits).map_err(map_error)?;
+        Ok(conn)
+    }
+
+    /// Take `conn` back, unless enough are idle already (then it closes).
+    fn put(&self, conn: rusqlite::Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_PER_DATABASE {
+            idle.push(conn);
+        }
+    }
+
+    fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
 }
 
 /// What identifies a file across renames: a connection keeps the file it opened, so when
@@ -146,60 +199,70 @@ impl ConnectionCache {
         Arc::new(ConnectionCache::default())
     }
 
-    /// A connection to `name` in `dir`: an idle one if there is one, else a new one.
+    /// A connection to `name` in `dir`. It runs its statements on the file's idle
+    /// connections; opening checks that the database opens (taking an idle connection, or
+    /// opening one, and putting it back).
     pub fn open(self: &Arc<Self>, dir: &Path, name: &str) -> Result<Connection, Error> {
         check_name(name)?;
         let path = dir.join(format!("{name}.sqlite3"));
         let file = FileId::of(&path);
-        let reused = {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            match idle.get_mut(&path) {
-                Some(entry) if Some(entry.file) == file => entry.connections.pop(),
+        let known = {
+            let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+            match files.get(&path) {
+                Some(slot) if Some(slot.file) == file => Some(slot.clone()),
                 Some(_) => {
-                    // The path names another file now (or none): close what was kept.
-                    idle.remove(&path);
+                    // The path names another file now (or none): forget what was kept;
+                    // its idle connections close with the last guest connection using it.
+                    files.remove(&path);
                     None
                 }
                 None => None,
             }
         };
-        let commits = self
-            .commits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(path.clone())
-            .or_default()
-            .clone();
-        let (conn, file) = match (reused, file) {
-            (Some(conn), Some(file)) => (conn, file),
-            _ => {
-                let mut conn = open(dir, name)?;
-                signal_commits(&mut conn, &commits).map_err(map_error)?;
+        let slot = match known {
+            Some(slot) => {
+                let conn = slot.take()?;
+                slot.put(conn);
+                slot
+            }
+            None => {
+                // A file not seen before (or replaced): a slot of its own.
+                let conn = open(dir, name)?;
                 let file = FileId::of(&path)
                     .ok_or_else(|| Error::Io(format!("database `{name}` is not a regular file")))?;
-                (conn, file)
+                let commits = self
+                    .commits
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(path.clone())
+                    .or_default()
+                    .clone();
+                let slot = Arc::new(FileSlot {
+                    dir: dir.to_path_buf(),
+                    name: name.to_string(),
+                    path: path.clone(),
+                    file,
+                    commits,
+                    idle: Mutex::new(Vec::new()),
+                });
+                let mut conn = conn;
+                signal_commits(&mut conn, &slot.commits).map_err(map_error)?;
+                slot.put(conn);
+                self.files
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(path, slot.clone());
+                slot
             }
         };
         Ok(Connection {
-            conn: Some(conn),
-            path,
-            file: Some(file),
-            cache: Some(self.clone()),
-            commits: Some(commits),
+            state: RefCell::new(Held {
+                conn: None,
+                keep: false,
+                last_rowid: 0,
+            }),
+            slot: Some(slot),
         })
-    }
-
-    /// Take `conn` (open on `file`) back, unless enough are idle already or the path now
-    /// names another file (then it closes).
-    fn put(&self, path: PathBuf, file: FileId, conn: rusqlite::Connection) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = idle.entry(path).or_insert_with(|| Idle {
-            file,
-            connections: Vec::new(),
-        });
-        if entry.file == file && entry.connections.len() < MAX_IDLE_PER_DATABASE {
-            entry.connections.push(conn);
-        }
     }
 
     /// Checkpoint every database that has an idle connection (`PASSIVE`: copy what the
@@ -207,26 +270,22 @@ impl ConnectionCache {
     /// the log stays short and no request pays for it. Blocking; run off the runtime's
     /// workers.
     pub fn checkpoint(&self) {
-        let paths: Vec<PathBuf> = self
-            .idle
+        let slots: Vec<Arc<FileSlot>> = self
+            .files
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .keys()
+            .values()
             .cloned()
             .collect();
-        for path in paths {
-            let taken = {
-                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-                idle.get_mut(&path)
-                    .and_then(|entry| Some((entry.file, entry.connections.pop()?)))
-            };
-            let Some((file, conn)) = taken else {
+        for slot in slots {
+            let taken = slot.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some(conn) = taken else {
                 continue;
             };
             if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                tracing::warn!(database = %path.display(), error = %e, "checkpoint failed");
+                tracing::warn!(database = %slot.path.display(), error = %e, "checkpoint failed");
             }
-            self.put(path, file, conn);
+            slot.put(conn);
         }
     }
 
@@ -250,28 +309,38 @@ impl ConnectionCache {
 
     /// How many idle connections are kept for `path`.
     pub fn idle_count(&self, path: &Path) -> usize {
-        self.idle
+        self.files
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(path)
-            .map_or(0, |entry| entry.connections.len())
+            .map_or(0, |slot| slot.idle_count())
     }
 }
 
-/// An open connection: the host side of the WIT `connection` resource. Dropping it rolls
-/// back a transaction left open, then hands it back to its cache (if it came from one).
+/// An open connection: the host side of the WIT `connection` resource. It runs each
+/// statement on a host connection of its file's [`FileSlot`], which it holds on to only
+/// while it needs it (a transaction open, per-connection state changed) and otherwise gives
+/// back after the statement. Dropping it rolls back a transaction left open and gives back
+/// what it holds.
 pub struct Connection {
+    state: RefCell<Held>,
+    /// Where its host connections come from; none for a connection of its own, which it
+    /// always holds.
+    slot: Option<Arc<FileSlot>>,
+}
+
+/// What a [`Connection`] holds between statements.
+struct Held {
     conn: Option<rusqlite::Connection>,
-    path: PathBuf,
-    file: Option<FileId>,
-    cache: Option<Arc<ConnectionCache>>,
-    /// The commits of its file, when it came from a cache (lock waits wake on them).
-    commits: Option<Arc<Commits>>,
+    /// Keep `conn` to the end: a statement changed its per-connection state.
+    keep: bool,
+    /// The rowid of this guest connection's last successful INSERT.
+    last_rowid: i64,
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.state.get_mut().conn.take() else {
             return;
         };
         // A transaction the plugin left open (it trapped, ran out of time, or forgot to
@@ -280,10 +349,16 @@ impl Drop for Connection {
             // Cannot tell what state it is in: close it rather than hand it on.
             return;
         }
-        if let (Some(cache), Some(file)) = (&self.cache, self.file) {
-            cache.put(std::mem::take(&mut self.path), file, conn);
+        if let Some(slot) = &self.slot {
+            slot.put(conn);
         }
     }
+}
+
+thread_local! {
+    /// Set by the authorizer when a statement being prepared on this thread changes its
+    /// connection's own state (see [`changes_connection_state`]).
+    static STATE_CHANGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Per-instance state of the import.
@@ -436,6 +511,9 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
 /// plain `VACUUM` uses) stays allowed; a file name given as an expression rather than a
 /// literal cannot be checked, so it is refused.
 fn authorize(ctx: AuthContext<'_>) -> Authorization {
+    if changes_connection_state(&ctx.action) {
+        STATE_CHANGED.set(true);
+    }
     match ctx.action {
         AuthAction::Attach { filename: "" } => Authorization::Allow,
         AuthAction::Attach { .. } => Authorization::Deny,
@@ -450,6 +528,25 @@ fn authorize(ctx: AuthContext<'_>) -> Authorization {
         }
         _ => Authorization::Allow,
     }
+}
+
+/// Whether an action changes state that belongs to the connection rather than the database
+/// file (a pragma given a value, a temporary object, an attached private database): a
+/// guest connection that did so keeps its host connection, so its later statements see
+/// that state. Errs on the side of keeping (`PRAGMA table_info(t)` counts, too).
+fn changes_connection_state(action: &AuthAction<'_>) -> bool {
+    matches!(
+        action,
+        AuthAction::Pragma {
+            pragma_value: Some(_),
+            ..
+        } | AuthAction::CreateTempIndex { .. }
+            | AuthAction::CreateTempTable { .. }
+            | AuthAction::CreateTempTrigger { .. }
+            | AuthAction::CreateTempView { .. }
+            | AuthAction::Attach { .. }
+            | AuthAction::Detach { .. }
+    )
 }
 
 /// Count `conn`'s ended write transactions in `commits`. The WAL hook runs after a commit
@@ -592,73 +689,153 @@ impl Connection {
     /// A connection of its own (not from a cache): it closes when dropped.
     pub fn open_uncached(dir: &Path, name: &str) -> Result<Connection, Error> {
         Ok(Connection {
-            conn: Some(open(dir, name)?),
-            path: PathBuf::new(),
-            file: None,
-            cache: None,
-            commits: None,
+            state: RefCell::new(Held {
+                conn: Some(open(dir, name)?),
+                keep: true,
+                last_rowid: 0,
+            }),
+            slot: None,
         })
     }
 
     /// Whether a transaction is open on it.
     pub fn in_transaction(&self) -> bool {
-        !self.conn().is_autocommit()
+        self.state
+            .borrow()
+            .conn
+            .as_ref()
+            .is_some_and(|c| !c.is_autocommit())
     }
 
-    fn conn(&self) -> &rusqlite::Connection {
-        self.conn
-            .as_ref()
-            .expect("a connection is only taken when it is dropped")
+    /// Run `f` on a host connection: the one this holds, or its file's most recently used
+    /// idle one (given this connection's last insert rowid), which goes back afterwards
+    /// unless `f` left a transaction open or changed the connection's own state. Lock waits
+    /// inside `f` wake on the file's commits.
+    fn run<R>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let mut held = self.state.borrow_mut();
+        let conn = match (held.conn.take(), &self.slot) {
+            (Some(conn), _) => conn,
+            (None, Some(slot)) => {
+                let conn = slot.take()?;
+                set_last_insert_rowid(&conn, held.last_rowid);
+                conn
+            }
+            (None, None) => unreachable!("a connection of its own always holds it"),
+        };
+        STATE_CHANGED.set(false);
+        let result = with_commits(self.slot.as_ref().map(|s| &s.commits), || f(&conn));
+        held.keep |= STATE_CHANGED.replace(false);
+        held.last_rowid = conn.last_insert_rowid();
+        match &self.slot {
+            Some(slot) if !held.keep && conn.is_autocommit() => slot.put(conn),
+            _ => held.conn = Some(conn),
+        }
+        result
     }
 
     /// Run one statement; a statement that returns rows is stepped to its end.
     pub fn execute(&self, sql: &str, params: Vec<Value>) -> Result<u64, Error> {
-        with_commits(self.commits.as_ref(), || self.execute_now(sql, params))
+        self.run(|conn| execute_on(conn, sql, params))
     }
 
-    fn execute_now(&self, sql: &str, params: Vec<Value>) -> Result<u64, Error> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(sql).map_err(map_error)?;
-        let params = rusqlite::params_from_iter(params.into_iter().map(to_sql));
-        if stmt.readonly() || stmt.column_count() > 0 {
-            let mut rows = stmt.query(params).map_err(map_error)?;
-            while rows.next().map_err(map_error)?.is_some() {}
-            return Ok(conn.changes());
-        }
-        stmt.execute(params).map(|n| n as u64).map_err(map_error)
-    }
-
+    /// Run `sql`, one or more statements without parameters. A single statement is
+    /// prepared once and kept, like `execute`'s (a plugin's `BEGIN`, `COMMIT`).
     pub fn execute_batch(&self, sql: &str) -> Result<(), Error> {
-        with_commits(self.commits.as_ref(), || {
-            self.conn().execute_batch(sql).map_err(map_error)
+        let single = sql.trim().trim_end_matches(';').trim_end();
+        let simple = single.starts_with(|c: char| c.is_ascii_alphabetic()) && !single.contains(';');
+        self.run(|conn| {
+            if simple {
+                let stmt = conn.prepare_cached(single).map_err(map_error)?;
+                if stmt.parameter_count() == 0 {
+                    drop(stmt);
+                    return execute_on(conn, single, Vec::new()).map(|_| ());
+                }
+            }
+            conn.execute_batch(sql).map_err(map_error)
         })
     }
 
     pub fn query(&self, sql: &str, params: Vec<Value>) -> Result<Rows, Error> {
-        with_commits(self.commits.as_ref(), || self.query_now(sql, params))
-    }
-
-    fn query_now(&self, sql: &str, params: Vec<Value>) -> Result<Rows, Error> {
-        let mut stmt = self.conn().prepare_cached(sql).map_err(map_error)?;
-        let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
-        let width = columns.len();
-        let mut rows = stmt
-            .query(rusqlite::params_from_iter(params.into_iter().map(to_sql)))
-            .map_err(map_error)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(map_error)? {
-            let mut cells = Vec::with_capacity(width);
-            for i in 0..width {
-                cells.push(from_sql(row.get_ref(i).map_err(map_error)?));
-            }
-            out.push(cells);
-        }
-        Ok(Rows { columns, rows: out })
+        self.run(|conn| query_on(conn, sql, params))
     }
 
     pub fn last_insert_rowid(&self) -> i64 {
-        self.conn().last_insert_rowid()
+        self.state.borrow().last_rowid
     }
+
+    /// Whether it holds a host connection between statements (tests).
+    #[cfg(test)]
+    fn holds_connection(&self) -> bool {
+        self.state.borrow().conn.is_some()
+    }
+
+    /// Run `f` on the host connection the next statement would use (tests).
+    #[cfg(test)]
+    fn with_raw<R>(&self, f: impl FnOnce(&rusqlite::Connection) -> R) -> R {
+        self.run(|conn| Ok(f(conn))).unwrap()
+    }
+}
+
+/// Set what `conn` reports as its last insert rowid (SQLite keeps it per connection; a
+/// guest connection keeps its own across the host connections it uses).
+fn set_last_insert_rowid(conn: &rusqlite::Connection, rowid: i64) {
+    // SAFETY: the handle is valid while `conn` is borrowed, and this call only stores the
+    // value in it.
+    unsafe { rusqlite::ffi::sqlite3_set_last_insert_rowid(conn.handle(), rowid) }
+}
+
+/// A prepared statement that changed connection state is not kept: taken from the cache
+/// again it would not pass the authorizer, so a later guest connection running it would
+/// not learn that it has to keep its host connection.
+fn finish(stmt: rusqlite::CachedStatement<'_>) {
+    if STATE_CHANGED.get() {
+        stmt.discard();
+    }
+}
+
+/// Run one statement on `conn`; a statement that returns rows is stepped to its end.
+fn execute_on(conn: &rusqlite::Connection, sql: &str, params: Vec<Value>) -> Result<u64, Error> {
+    let mut stmt = conn.prepare_cached(sql).map_err(map_error)?;
+    let params = rusqlite::params_from_iter(params.into_iter().map(to_sql));
+    let result = if stmt.readonly() || stmt.column_count() > 0 {
+        stmt.query(params).map_err(map_error).and_then(|mut rows| {
+            while rows.next().map_err(map_error)?.is_some() {}
+            Ok(conn.changes())
+        })
+    } else {
+        stmt.execute(params).map(|n| n as u64).map_err(map_error)
+    };
+    finish(stmt);
+    result
+}
+
+/// Run one statement on `conn` and collect its rows.
+fn query_on(conn: &rusqlite::Connection, sql: &str, params: Vec<Value>) -> Result<Rows, Error> {
+    let mut stmt = conn.prepare_cached(sql).map_err(map_error)?;
+    let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
+    let width = columns.len();
+    let collected = stmt
+        .query(rusqlite::params_from_iter(params.into_iter().map(to_sql)))
+        .map_err(map_error)
+        .and_then(|mut rows| {
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(map_error)? {
+                let mut cells = Vec::with_capacity(width);
+                for i in 0..width {
+                    cells.push(from_sql(row.get_ref(i).map_err(map_error)?));
+                }
+                out.push(cells);
+            }
+            Ok(out)
+        });
+    finish(stmt);
+    Ok(Rows {
+        columns,
+        rows: collected?,
+    })
 }
 
 impl Host for SqliteView<'_> {}
@@ -797,10 +974,10 @@ mod tests {
             assert_eq!(mode(&dir), 0o700);
             assert_eq!(mode(&dir.join("db.sqlite3")), 0o600);
         }
-        let mode: String = conn
-            .conn()
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .unwrap();
+        let mode: String = conn.with_raw(|c| {
+            c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap()
+        });
         assert_eq!(mode, "wal");
     }
 
@@ -859,25 +1036,110 @@ mod tests {
                  BEGIN IMMEDIATE; INSERT INTO t VALUES (1);",
             )
             .unwrap();
+        assert!(first.holds_connection());
+        assert_eq!(cache.idle_count(&path), 0);
         drop(first);
         assert_eq!(cache.idle_count(&path), 1);
-        // The same connection comes back, with the left-open transaction rolled back.
+        // The same host connection comes back, with the left-open transaction rolled back.
         let again = cache.open(tmp.path(), "db").unwrap();
         assert!(again.query("SELECT * FROM temp.marker", vec![]).is_ok());
-        assert!(again.conn().is_autocommit());
+        assert!(!again.in_transaction());
         let rows = again.query("SELECT count(*) FROM t", vec![]).unwrap();
         assert!(matches!(rows.rows[0][0], Value::Integer(0)));
-        assert_eq!(cache.idle_count(&path), 0);
+        // Between statements it holds none.
+        assert!(!again.holds_connection());
+        assert_eq!(cache.idle_count(&path), 1);
         drop(again);
-        // A burst leaves at most MAX_IDLE_PER_DATABASE open.
+        // A burst, each inside a transaction and so holding a host connection of its own,
+        // leaves at most MAX_IDLE_PER_DATABASE open.
         let burst: Vec<Connection> = (0..MAX_IDLE_PER_DATABASE + 3)
-            .map(|_| cache.open(tmp.path(), "db").unwrap())
+            .map(|_| {
+                let c = cache.open(tmp.path(), "db").unwrap();
+                c.execute_batch("BEGIN").unwrap();
+                c.query("SELECT count(*) FROM t", vec![]).unwrap();
+                assert!(c.holds_connection());
+                c
+            })
             .collect();
+        assert_eq!(cache.idle_count(&path), 0);
         drop(burst);
         assert_eq!(cache.idle_count(&path), MAX_IDLE_PER_DATABASE);
         // Another name is another file, with connections of its own.
         let other = cache.open(tmp.path(), "other").unwrap();
         assert!(other.query("SELECT count(*) FROM t", vec![]).is_err());
+    }
+
+    #[test]
+    fn guest_connections_share_a_host_connection_between_statements() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let path = tmp.path().join("db.sqlite3");
+        let a = cache.open(tmp.path(), "db").unwrap();
+        let b = cache.open(tmp.path(), "db").unwrap();
+        a.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, x)")
+            .unwrap();
+        a.execute("INSERT INTO t (x) VALUES (1)", vec![]).unwrap();
+        b.execute("INSERT INTO t (x) VALUES (2)", vec![]).unwrap();
+        assert_eq!(
+            cache.idle_count(&path),
+            1,
+            "both ran on one host connection"
+        );
+        // The last insert rowid is each guest connection's own.
+        assert_eq!(a.last_insert_rowid(), 1);
+        assert_eq!(b.last_insert_rowid(), 2);
+        let c = cache.open(tmp.path(), "db").unwrap();
+        assert_eq!(c.last_insert_rowid(), 0);
+        a.query("SELECT count(*) FROM t", vec![]).unwrap();
+        assert_eq!(
+            a.last_insert_rowid(),
+            1,
+            "a statement inserting nothing keeps it"
+        );
+        // Inside a transaction a guest connection holds a host connection; the others use
+        // another meanwhile and do not see its uncommitted rows.
+        a.execute_batch("BEGIN IMMEDIATE").unwrap();
+        assert!(a.holds_connection());
+        assert_eq!(cache.idle_count(&path), 0);
+        a.execute("INSERT INTO t (x) VALUES (3)", vec![]).unwrap();
+        let rows = b.query("SELECT count(*) FROM t", vec![]).unwrap();
+        assert!(matches!(rows.rows[0][0], Value::Integer(2)));
+        assert_eq!(cache.idle_count(&path), 1);
+        a.execute_batch("COMMIT;").unwrap();
+        assert!(!a.holds_connection());
+        assert_eq!(cache.idle_count(&path), 2);
+        assert_eq!(a.last_insert_rowid(), 3);
+        let rows = b.query("SELECT count(*) FROM t", vec![]).unwrap();
+        assert!(matches!(rows.rows[0][0], Value::Integer(3)));
+    }
+
+    #[test]
+    fn a_guest_connection_that_changes_connection_state_keeps_its_host_connection() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let temp = "CREATE TEMP TABLE IF NOT EXISTS scratch (x)";
+        let a = cache.open(tmp.path(), "db").unwrap();
+        a.execute(temp, vec![]).unwrap();
+        assert!(a.holds_connection());
+        // Another guest connection's statements run on another host connection meanwhile;
+        // the temporary table stays with `a`.
+        let b = cache.open(tmp.path(), "db").unwrap();
+        b.execute_batch("CREATE TABLE t (x)").unwrap();
+        assert!(!b.holds_connection());
+        a.execute("INSERT INTO scratch VALUES (1)", vec![]).unwrap();
+        drop(a);
+        // The same statement again, on the host connection `a` used (now the most recent
+        // idle one): it is prepared again, not taken from the statement cache unseen by the
+        // authorizer, so this guest connection keeps its host connection too.
+        let c = cache.open(tmp.path(), "db").unwrap();
+        c.execute(temp, vec![]).unwrap();
+        assert!(c.holds_connection());
+        // A pragma given a value too; one only read does not.
+        let d = cache.open(tmp.path(), "db").unwrap();
+        d.query("PRAGMA user_version", vec![]).unwrap();
+        assert!(!d.holds_connection());
+        d.execute_batch("PRAGMA cache_size = 100").unwrap();
+        assert!(d.holds_connection());
     }
 
     #[test]
@@ -952,12 +1214,12 @@ mod tests {
             let rows = conn.query(sql, vec![Value::Text(p.into())]).unwrap();
             assert_eq!(rows.rows.len(), 1);
         }
-        let stmt = conn.conn().prepare_cached(sql).unwrap();
-        assert_eq!(
-            stmt.get_status(rusqlite::StatementStatus::RePrepare),
-            0,
-            "the cached statement was prepared again"
-        );
+        let reprepared = conn.with_raw(|c| {
+            c.prepare_cached(sql)
+                .unwrap()
+                .get_status(rusqlite::StatementStatus::RePrepare)
+        });
+        assert_eq!(reprepared, 0, "the cached statement was prepared again");
     }
 
     #[test]
@@ -994,7 +1256,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let cache = ConnectionCache::new();
         let a = cache.open(tmp.path(), "db").unwrap();
-        let commits = a.commits.clone().unwrap();
+        let commits = a.slot.as_ref().unwrap().commits.clone();
         let start = commits.current();
         a.execute_batch("CREATE TABLE t (x)").unwrap();
         assert_eq!(commits.current(), start + 1, "a commit");
@@ -1003,7 +1265,7 @@ mod tests {
         assert_eq!(commits.current(), start + 2, "a rollback");
         // Another connection of the same file shares the count.
         let b = cache.open(tmp.path(), "db").unwrap();
-        assert!(Arc::ptr_eq(b.commits.as_ref().unwrap(), &commits));
+        assert!(Arc::ptr_eq(&b.slot.as_ref().unwrap().commits, &commits));
         // A waiter wakes on the next end, long before its timeout.
         let seen = commits.current();
         let waiter = {
