@@ -10,8 +10,15 @@
 //! - 16 and 64 clients: requests per second (target at 64: the pool ≥ half the
 //!   pass-through fixture).
 //!
-//! For profiling, `POOL_BENCH_ONLY=direct|fixture|pool` runs just that target (one client,
-//! or `POOL_BENCH_CLIENTS=n`), e.g. under `perf record`, and prints its line.
+//! Two more one-client rows show where the floor is, for whoever works on the latency:
+//! a guest that answers at once without calling out (the fixture's `/time`: a fresh
+//! instance and the wasi:http request and response, nothing else), and the pool refusing a
+//! request whose route token it does not know (401: its body read, settings and route
+//! looked up, no upstream).
+//!
+//! For profiling, `POOL_BENCH_ONLY=direct|fixture|pool|answer|refusal` runs just that
+//! target (one client, or `POOL_BENCH_CLIENTS=n`), e.g. under `perf record`, and prints its
+//! line.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -113,6 +120,8 @@ struct Target {
     url: String,
     /// The pool's route token, when the target is the pool.
     token: Option<String>,
+    /// The status every answer must have (a success when `None`).
+    expect: Option<u16>,
 }
 
 impl Target {
@@ -152,6 +161,16 @@ fn process_cpu() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
+impl Target {
+    /// Whether `status` is the answer this target gives.
+    fn answered(&self, status: hyper::StatusCode) -> bool {
+        match self.expect {
+            Some(code) => status.as_u16() == code,
+            None => status.is_success(),
+        }
+    }
+}
+
 async fn load(target: &Target, clients: usize) -> anyhow::Result<Load> {
     let client = TestClient::new();
     // Warm up: connections, the guest's code, and each client's session pin.
@@ -160,7 +179,7 @@ async fn load(target: &Target, clients: usize) -> anyhow::Result<Load> {
             .send(target.request(&format!("session-{}", n % clients)))
             .await?;
         anyhow::ensure!(
-            answer.status.is_success(),
+            target.answered(answer.status),
             "{}: {}",
             answer.status,
             answer.body
@@ -180,7 +199,7 @@ async fn load(target: &Target, clients: usize) -> anyhow::Result<Load> {
                 let sent = Instant::now();
                 let answer = client.send(target.request(&session)).await?;
                 anyhow::ensure!(
-                    answer.status.is_success(),
+                    target.answered(answer.status),
                     "{}: {}",
                     answer.status,
                     answer.body
@@ -228,14 +247,27 @@ async fn run() -> anyhow::Result<()> {
     let direct = Target {
         url: format!("{}/v1/messages", upstream.url()),
         token: None,
+        expect: None,
     };
     let fixture = Target {
         url: format!("{fixture_url}/proxy/{}/v1/messages", upstream.addr()),
         token: None,
+        expect: None,
     };
     let pool = Target {
         url: format!("{pool_url}/v1/messages"),
         token: Some(token),
+        expect: None,
+    };
+    let answer = Target {
+        url: format!("{fixture_url}/time"),
+        token: None,
+        expect: None,
+    };
+    let refusal = Target {
+        url: format!("{pool_url}/v1/messages"),
+        token: Some("not-a-route-token".into()),
+        expect: Some(401),
     };
 
     if let Ok(only) = std::env::var("POOL_BENCH_ONLY") {
@@ -243,7 +275,11 @@ async fn run() -> anyhow::Result<()> {
             "direct" => &direct,
             "fixture" => &fixture,
             "pool" => &pool,
-            other => anyhow::bail!("POOL_BENCH_ONLY={other}: expected direct, fixture or pool"),
+            "answer" => &answer,
+            "refusal" => &refusal,
+            other => anyhow::bail!(
+                "POOL_BENCH_ONLY={other}: expected direct, fixture, pool, answer or refusal"
+            ),
         };
         let clients: usize = match std::env::var("POOL_BENCH_CLIENTS") {
             Ok(n) => n.parse()?,
@@ -276,7 +312,12 @@ async fn run() -> anyhow::Result<()> {
         base.cpu_us
     );
     let mut one = Vec::new();
-    for (name, target) in [("pass-through fixture", &fixture), ("account pool", &pool)] {
+    for (name, target) in [
+        ("pass-through fixture", &fixture),
+        ("account pool", &pool),
+        ("floor: guest answers", &answer),
+        ("floor: pool refuses", &refusal),
+    ] {
         let l = load(target, 1).await?;
         println!(
             "{:<22} {:>8.3} {:>8.3} {:>12.3} {:>12.3} {:>14.0}",
