@@ -16,7 +16,7 @@ use crate::policy::{
 use crate::quota::{self, Observation};
 use crate::session::{self, SessionInfo};
 use crate::settings::Settings;
-use crate::store::Store;
+use crate::store::{self, Store, TOUCH_GRANULARITY_MS};
 use crate::stream::{self, BodyStream, Relay};
 use crate::token;
 use pooler_plugin_kit::{Db, DbError};
@@ -435,6 +435,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         let snapshot: Vec<String> = accounts.iter().map(|a| a.id.clone()).collect();
         let mut fresh = Some(accounts);
         let mut pin: Option<PinSeen> = pin.map(|p| PinSeen {
+            confirmed_use: (!p.provisional).then_some(p.last_used_at),
             account: p.account,
             generation: p.generation,
             claimed: false,
@@ -531,8 +532,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 Attempt::Respond { response, served } => {
                     let now = self.env.now();
                     // What this outcome changes is one commit (one WAL write, one lock).
+                    let used_at = state.last_used_at;
                     self.store.tx(|store| {
-                        store.touch_account(&id, self.last_try.get())?;
+                        if store::touch_due(used_at, self.last_try.get()) {
+                            store.touch_account(&id, self.last_try.get())?;
+                        }
                         let mut outcome = if served { "served" } else { "passed-through" };
                         if served {
                             let detour = self.commit(
@@ -562,8 +566,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                     outcome,
                     failure: f,
                 } => {
+                    let used_at = state.last_used_at;
                     self.store.tx(|store| {
-                        store.touch_account(&id, self.last_try.get())?;
+                        if store::touch_due(used_at, self.last_try.get()) {
+                            store.touch_account(&id, self.last_try.get())?;
+                        }
                         self.note_attempt(
                             ctx,
                             self.env.now(),
@@ -644,7 +651,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             };
             match policy::pin_action(true, pin, served, pinned_gone) {
                 PinAction::Touch => {
-                    if let Some(p) = pin {
+                    if let Some(p) = pin.filter(|p| p.touch_due(now, TOUCH_GRANULARITY_MS)) {
                         self.store.touch_pin(ctx.provider, key, p.generation, now)?;
                     }
                 }

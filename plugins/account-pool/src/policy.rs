@@ -30,6 +30,8 @@ pub struct AccountState {
     /// While a transient refresh failure backs off, an expired token cannot serve before
     /// this time.
     pub refresh_retry_at: Option<u64>,
+    /// When it last served, as stored (to a second; see `store::TOUCH_GRANULARITY_MS`).
+    pub last_used_at: Option<u64>,
 }
 
 impl AccountState {
@@ -375,6 +377,19 @@ pub struct PinSeen {
     pub generation: i64,
     /// This request claimed the pin itself (the session had none).
     pub claimed: bool,
+    /// The last use stored with a confirmed pin; `None` for a provisional one (which a
+    /// success must confirm).
+    pub confirmed_use: Option<u64>,
+}
+
+impl PinSeen {
+    /// Whether a success at `now` must write the pin: to confirm it, or because its stored
+    /// last use is at least `granularity` old. (The write itself re-checks both, so a pin
+    /// seen stale is at worst written once more than needed.)
+    pub fn touch_due(&self, now: u64, granularity: u64) -> bool {
+        self.confirmed_use
+            .is_none_or(|used| used.saturating_add(granularity) <= now)
+    }
 }
 
 /// What to do with the session's pin after a success.
@@ -458,6 +473,7 @@ mod tests {
             needs_sign_in: false,
             token_expires_at: None,
             refresh_retry_at: None,
+            last_used_at: None,
         }
     }
 
@@ -870,6 +886,7 @@ mod tests {
             account: account.into(),
             generation: 1,
             claimed,
+            confirmed_use: None,
         };
         let table = [
             ("no key", false, None, "b", false, PinAction::Keep),

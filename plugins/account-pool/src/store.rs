@@ -25,6 +25,14 @@ pub const RECENT_ATTEMPTS: usize = 20;
 /// minutes, so a second changes nothing a person or the LRU cap could notice.
 pub const TOUCH_GRANULARITY_MS: u64 = 1_000;
 
+/// Whether an account last used at `last_used` (as read) needs [`Store::touch_account`] at
+/// `now`. The statement re-checks, so a stale read costs at most one write that changes
+/// nothing; skipping it when it is not due keeps a served request's commit to its one
+/// necessary write.
+pub fn touch_due(last_used: Option<u64>, now: u64) -> bool {
+    last_used.is_none_or(|used| used.saturating_add(TOUCH_GRANULARITY_MS) <= now)
+}
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
 CREATE TABLE IF NOT EXISTS accounts (
@@ -358,7 +366,7 @@ impl<'a, D: Db> Store<'a, D> {
 
     const ACCOUNT_SELECT: &'static str =
         "SELECT a.id, a.seq, a.provider, a.kind, a.priority, a.enabled, a.error,
-            a.held_until, a.hold_kind, a.needs_sign_in, s.expires_at, r.retry_at, r.failure,
+            a.held_until, a.hold_kind, a.needs_sign_in, a.last_used_at, s.expires_at, r.retry_at, r.failure,
             q.overage, q.credits, q.representative_claim, q.restriction_reason, q.restriction_reset
         FROM accounts a
         LEFT JOIN secrets s ON s.account_id = a.id
@@ -395,6 +403,7 @@ impl<'a, D: Db> Store<'a, D> {
             } else {
                 None
             },
+            last_used_at: r.opt_u64("last_used_at")?,
             id,
         })
     }
@@ -516,7 +525,8 @@ impl<'a, D: Db> Store<'a, D> {
     }
 
     /// Record that the account was used at `now`, unless its last use is already within
-    /// [`TOUCH_GRANULARITY_MS`] of it (then nothing is written).
+    /// [`TOUCH_GRANULARITY_MS`] of it (then nothing is written). A caller that read the
+    /// account's last use may skip the call with [`touch_due`].
     pub fn touch_account(&self, id: &str, now: u64) -> Result<(), DbError> {
         self.db.execute(
             "UPDATE accounts SET last_used_at = ?2
@@ -896,6 +906,7 @@ impl<'a, D: Db> Store<'a, D> {
         self.tx(|s| {
             if let Some(p) = s.pin(provider, key, now, lifetime)? {
                 return Ok(PinSeen {
+                    confirmed_use: (!p.provisional).then_some(p.last_used_at),
                     account: p.account,
                     generation: p.generation,
                     claimed: false,
@@ -906,6 +917,7 @@ impl<'a, D: Db> Store<'a, D> {
                 account: account.to_owned(),
                 generation,
                 claimed: true,
+                confirmed_use: None,
             })
         })
     }

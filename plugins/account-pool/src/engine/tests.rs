@@ -5,7 +5,7 @@ use super::*;
 use crate::admin::{Admin, NewAccount};
 use crate::model::{Availability, BlockCause, ChangeCause, UnavailableReason};
 use futures::executor::block_on;
-use pooler_plugin_kit::NativeDb;
+use pooler_plugin_kit::{NativeDb, Rows, Value};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -1663,4 +1663,75 @@ fn maintenance_refreshes_usage_and_expiring_tokens() {
     assert!(
         matches!(p.store().credential(&o).unwrap(), Some(Credential::OAuth(t)) if t.access_token == "at-2")
     );
+}
+
+/// A database that records the statements run on it.
+struct Recording<'a> {
+    db: &'a NativeDb,
+    statements: RefCell<Vec<String>>,
+}
+
+impl Db for Recording<'_> {
+    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        self.statements.borrow_mut().push(sql.to_owned());
+        self.db.execute(sql, params)
+    }
+    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
+        self.statements.borrow_mut().push(sql.to_owned());
+        self.db.execute_batch(sql)
+    }
+    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
+        self.statements.borrow_mut().push(sql.to_owned());
+        self.db.query(sql, params)
+    }
+    fn last_insert_rowid(&self) -> i64 {
+        self.db.last_insert_rowid()
+    }
+}
+
+/// A pinned session's request within a second of its last commits only its attempt: the
+/// account's and the pin's last use are not written again (the statements would change
+/// nothing), and a second later they are.
+#[test]
+fn a_pinned_request_within_the_granularity_writes_only_its_attempt() {
+    let p = Pool::abc();
+    assert_eq!(p.claude(Some("S")).status, 200);
+    let writes = |p: &Pool| {
+        let rec = Recording {
+            db: &p.db,
+            statements: RefCell::new(Vec::new()),
+        };
+        let req = p.claude_req(Some("S"), "claude-sonnet-4-5");
+        let status = block_on(async {
+            collect(Engine::new(&rec, &p.up, &p.env).handle(req).await)
+                .await
+                .status
+        });
+        assert_eq!(status, 200);
+        rec.statements
+            .into_inner()
+            .into_iter()
+            .filter(|s| {
+                let s = s.trim_start().to_ascii_uppercase();
+                s.starts_with("UPDATE") || s.starts_with("INSERT") || s.starts_with("DELETE")
+            })
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+    };
+    p.env.advance(TOUCH_GRANULARITY_MS - 1);
+    assert_eq!(writes(&p), ["INSERT INTO attempts"]);
+    p.env.advance(1);
+    assert_eq!(
+        writes(&p),
+        [
+            "UPDATE accounts SET",
+            "UPDATE pins SET",
+            "INSERT INTO attempts"
+        ]
+    );
+    let pin = p
+        .store()
+        .pin(Provider::Claude, "session:S", p.env.now(), u64::MAX);
+    assert_eq!(pin.unwrap().unwrap().last_used_at, p.env.now());
+    assert_eq!(p.up.seen(), ["a", "a", "a"]);
 }
