@@ -16,7 +16,7 @@ use crate::policy::{
 use crate::quota::{self, Observation};
 use crate::session::{self, SessionInfo};
 use crate::settings::Settings;
-use crate::store::{self, Store, TOUCH_GRANULARITY_MS};
+use crate::store::{Store, TOUCH_GRANULARITY_MS};
 use crate::stream::{self, BodyStream, Relay};
 use crate::token;
 use pooler_plugin_kit::{Db, DbError};
@@ -532,11 +532,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 Attempt::Respond { response, served } => {
                     let now = self.env.now();
                     // What this outcome changes is one commit (one WAL write, one lock).
-                    let used_at = state.last_used_at;
                     self.store.tx(|store| {
-                        if store::touch_due(used_at, self.last_try.get()) {
-                            store.touch_account(&id, self.last_try.get())?;
-                        }
+                        store.touch_account(&id, state.last_used_at, self.last_try.get())?;
                         let mut outcome = if served { "served" } else { "passed-through" };
                         if served {
                             let detour = self.commit(
@@ -566,11 +563,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                     outcome,
                     failure: f,
                 } => {
-                    let used_at = state.last_used_at;
                     self.store.tx(|store| {
-                        if store::touch_due(used_at, self.last_try.get()) {
-                            store.touch_account(&id, self.last_try.get())?;
-                        }
+                        store.touch_account(&id, state.last_used_at, self.last_try.get())?;
                         self.note_attempt(
                             ctx,
                             self.env.now(),

@@ -384,12 +384,17 @@ pub struct PinSeen {
 
 impl PinSeen {
     /// Whether a success at `now` must write the pin: to confirm it, or because its stored
-    /// last use is at least `granularity` old. (The write itself re-checks both, so a pin
-    /// seen stale is at worst written once more than needed.)
+    /// last use is at least `granularity` old.
     pub fn touch_due(&self, now: u64, granularity: u64) -> bool {
-        self.confirmed_use
-            .is_none_or(|used| used.saturating_add(granularity) <= now)
+        use_due(self.confirmed_use, now, granularity)
     }
+}
+
+/// Whether a last use read as `last_use` (`None`: none, or not yet confirmed) must be
+/// written again at `now`, uses being recorded to `granularity`. The write re-checks in
+/// SQL, so a stale read costs at most one write that changes nothing.
+pub fn use_due(last_use: Option<u64>, now: u64, granularity: u64) -> bool {
+    last_use.is_none_or(|used| used.saturating_add(granularity) <= now)
 }
 
 /// What to do with the session's pin after a success.

@@ -25,14 +25,6 @@ pub const RECENT_ATTEMPTS: usize = 20;
 /// minutes, so a second changes nothing a person or the LRU cap could notice.
 pub const TOUCH_GRANULARITY_MS: u64 = 1_000;
 
-/// Whether an account last used at `last_used` (as read) needs [`Store::touch_account`] at
-/// `now`. The statement re-checks, so a stale read costs at most one write that changes
-/// nothing; skipping it when it is not due keeps a served request's commit to its one
-/// necessary write.
-pub fn touch_due(last_used: Option<u64>, now: u64) -> bool {
-    last_used.is_none_or(|used| used.saturating_add(TOUCH_GRANULARITY_MS) <= now)
-}
-
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
 CREATE TABLE IF NOT EXISTS accounts (
@@ -525,9 +517,12 @@ impl<'a, D: Db> Store<'a, D> {
     }
 
     /// Record that the account was used at `now`, unless its last use is already within
-    /// [`TOUCH_GRANULARITY_MS`] of it (then nothing is written). A caller that read the
-    /// account's last use may skip the call with [`touch_due`].
-    pub fn touch_account(&self, id: &str, now: u64) -> Result<(), DbError> {
+    /// [`TOUCH_GRANULARITY_MS`] of it (then nothing is written). `seen` is its last use as
+    /// the caller read it: when that is recent enough, no statement runs at all.
+    pub fn touch_account(&self, id: &str, seen: Option<u64>, now: u64) -> Result<(), DbError> {
+        if !crate::policy::use_due(seen, now, TOUCH_GRANULARITY_MS) {
+            return Ok(());
+        }
         self.db.execute(
             "UPDATE accounts SET last_used_at = ?2
              WHERE id = ?1 AND (last_used_at IS NULL OR last_used_at + ?3 <= ?2)",
