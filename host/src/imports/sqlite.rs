@@ -749,8 +749,9 @@ impl Connection {
         self.run(|conn| {
             if simple {
                 let stmt = conn.prepare_cached(single).map_err(map_error)?;
-                if stmt.parameter_count() == 0 {
-                    drop(stmt);
+                let bare = stmt.parameter_count() == 0;
+                finish(stmt);
+                if bare {
                     return execute_on(conn, single, Vec::new()).map(|_| ());
                 }
             }
