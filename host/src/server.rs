@@ -348,11 +348,25 @@ impl Body for GuestDriven {
         mut self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.guest.finished() {
+            return Pin::new(&mut self.body).poll_frame(cx);
+        }
+        // While the guest runs, only it writes the body, and only inside this poll: so the
+        // body is polled with a waker that does nothing (no self-wake when the guest writes;
+        // see `handle_http`), and the guest, polled with this task's, wakes it for whatever
+        // it waits on.
+        let mut quiet = TaskContext::from_waker(std::task::Waker::noop());
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(&mut quiet) {
+            return Poll::Ready(frame);
+        }
         if let Poll::Ready(Err(e)) = self.guest.poll_call(cx) {
             // The head is sent; the client sees the body end where the guest stopped.
             tracing::warn!(plugin = &*self.guest.plugin, error = %e, "the pool failed while writing a response");
         }
-        Pin::new(&mut self.body).poll_frame(cx)
+        if self.guest.finished() {
+            return Pin::new(&mut self.body).poll_frame(cx);
+        }
+        Pin::new(&mut self.body).poll_frame(&mut quiet)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -434,23 +448,20 @@ impl Host {
             call: Some(guest),
             plugin: meta.id.clone(),
         };
+        // The head is set only while the guest runs, and it runs only inside the poll below:
+        // so the receiver is looked at, never polled with this task's waker. A registered
+        // waker would be woken by the guest's own `set` within this very poll, and tokio
+        // answers such a self-wake by running the task once more after it goes idle,
+        // handing it to the other worker (a futex wake and two context switches a request).
         let mut receiver = receiver;
-        let mut closed = false;
         let head = std::future::poll_fn(|cx| {
-            if !closed {
-                match Pin::new(&mut receiver).poll(cx) {
-                    Poll::Ready(Ok(head)) => return Poll::Ready(Head::Set(head)),
-                    // Dropped unset: the guest is finishing (or failed); drive it to the end
-                    // to learn which.
-                    Poll::Ready(Err(_)) => closed = true,
-                    Poll::Pending => {}
-                }
-            }
-            let done = std::task::ready!(guest.poll_call(cx));
-            match receiver.try_recv() {
-                // Set during this very poll.
-                Ok(head) if !closed => Poll::Ready(Head::Set(head)),
-                _ => Poll::Ready(Head::Finished(done)),
+            let done = guest.poll_call(cx);
+            match (receiver.try_recv(), done) {
+                (Ok(head), _) => Poll::Ready(Head::Set(head)),
+                // Dropped unset: the guest is finishing (or failed); drive it to the end
+                // to learn which.
+                (Err(_), Poll::Pending) => Poll::Pending,
+                (Err(_), Poll::Ready(done)) => Poll::Ready(Head::Finished(done)),
             }
         })
         .await;
