@@ -10,13 +10,14 @@
 //! - 16 and 64 clients: requests per second (target at 64: the pool ≥ half the
 //!   pass-through fixture), the fixture and the pool alternating over three rounds.
 //!
-//! Two more one-client rows show where the floor is, for whoever works on the latency:
+//! Three more one-client rows show where the floor is, for whoever works on the latency:
 //! a guest that answers at once without calling out (the fixture's `/time`: a fresh
-//! instance and the wasi:http request and response, nothing else), and the pool refusing a
+//! instance and the wasi:http request and response, nothing else), the pool refusing a
 //! request whose route token it does not know (401: its body read, settings and route
-//! looked up, no upstream).
+//! looked up, no upstream), and a proxy in plain Rust, no WebAssembly (the two HTTP hops
+//! alone, the least any proxy in this process can add).
 //!
-//! For profiling, `POOL_BENCH_ONLY=direct|fixture|pool|answer|refusal` runs just that
+//! For profiling, `POOL_BENCH_ONLY=direct|fixture|pool|answer|refusal|plain` runs just that
 //! target (one client, or `POOL_BENCH_CLIENTS=n`), e.g. under `perf record`, and prints its
 //! line.
 
@@ -69,6 +70,43 @@ async fn serve(
         let _ = stopped.await;
     }));
     Ok((url, host, stop))
+}
+
+/// A proxy in plain Rust, no WebAssembly: a hyper server that forwards each request to
+/// `upstream` through a keep-alive client and returns its answer. The floor the two HTTP hops
+/// set on this machine, whatever a host does. Its URL.
+async fn plain_proxy(upstream: std::net::SocketAddr) -> anyhow::Result<String> {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<_, hyper::body::Incoming> =
+        Client::builder(TokioExecutor::new()).build(connector);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            let client = client.clone();
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let client = client.clone();
+                async move {
+                    let (mut parts, body) = req.into_parts();
+                    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                    parts.uri = format!("http://{upstream}{path}")
+                        .parse()
+                        .expect("a loopback URL");
+                    client.request(Request::from_parts(parts, body)).await
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    Ok(url)
 }
 
 /// Point the pool at `upstream`, add accounts A, B, C and open a route; the route token.
@@ -272,6 +310,11 @@ async fn run() -> anyhow::Result<()> {
         token: None,
         expect: None,
     };
+    let plain = Target {
+        url: format!("{}/v1/messages", plain_proxy(upstream.addr()).await?),
+        token: None,
+        expect: None,
+    };
     let refusal = Target {
         url: format!("{pool_url}/v1/messages"),
         token: Some("not-a-route-token".into()),
@@ -285,8 +328,9 @@ async fn run() -> anyhow::Result<()> {
             "pool" => &pool,
             "answer" => &answer,
             "refusal" => &refusal,
+            "plain" => &plain,
             other => anyhow::bail!(
-                "POOL_BENCH_ONLY={other}: expected direct, fixture, pool, answer or refusal"
+                "POOL_BENCH_ONLY={other}: expected direct, fixture, pool, answer, refusal or plain"
             ),
         };
         let clients: usize = match std::env::var("POOL_BENCH_CLIENTS") {
@@ -325,6 +369,7 @@ async fn run() -> anyhow::Result<()> {
         ("account pool", &pool),
         ("floor: guest answers", &answer),
         ("floor: pool refuses", &refusal),
+        ("floor: plain proxy", &plain),
     ] {
         let l = load(target, 1).await?;
         println!(
