@@ -40,7 +40,15 @@ use pooler_tests::fixtures;
 use pooler_tests::pool::claude_body;
 use pooler_tests::upstream::FakeUpstream;
 
+/// How long each run lasts (`POOL_BENCH_SECONDS=n` for a soak run of one part).
 const LOAD_DURATION: Duration = Duration::from_secs(3);
+
+fn load_duration() -> Duration {
+    std::env::var("POOL_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(LOAD_DURATION, Duration::from_secs)
+}
 /// Alternating fixture and pool runs per throughput figure.
 const ROUNDS: usize = 3;
 
@@ -227,7 +235,7 @@ async fn load(target: &Target, clients: usize) -> anyhow::Result<Load> {
     }
     let start = Instant::now();
     let cpu_start = process_cpu();
-    let deadline = start + LOAD_DURATION;
+    let deadline = start + load_duration();
     let mut tasks = Vec::new();
     for n in 0..clients {
         let client = client.clone();
@@ -285,9 +293,10 @@ async fn run() -> anyhow::Result<()> {
         serve(fixtures::POOL, fixture_data.path()).await?;
     let token = configure_pool(&pool_host, &pool_url, &upstream.url()).await?;
     println!(
-        "machine: {} logical CPUs; tokio: {} workers; {LOAD_DURATION:?} per run; POST /v1/messages (~200 B), 2-byte answers",
+        "machine: {} logical CPUs; tokio: {} workers; {:?} per run; POST /v1/messages (~200 B), 2-byte answers",
         std::thread::available_parallelism()?,
-        pooler_tests::bench::WORKERS
+        pooler_tests::bench::WORKERS,
+        load_duration()
     );
 
     let direct = Target {

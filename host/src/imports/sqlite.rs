@@ -60,9 +60,21 @@ pub const MAX_NAME_CHARS: usize = 64;
 /// 16, a load of 64 concurrent pooled requests opened and closed a connection on most
 /// requests (measured 437 vs 576 requests/s at 64 clients).
 pub const MAX_IDLE_PER_DATABASE: usize = 64;
-/// How often the host copies plugin databases' write-ahead logs back into the database
-/// files ([`ConnectionCache::checkpoint`]), off the request path.
+/// How often the host looks at plugin databases' write-ahead logs, to copy them back into
+/// the database files or start them over ([`ConnectionCache::checkpoint`]), off the
+/// request path.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// Log frames (pages) after which the background checkpoint restarts the write-ahead log
+/// (~16 MiB of 4 KiB pages). A `PASSIVE` checkpoint never lets the log restart while
+/// commits keep coming: the log starts over only when a writer begins with every frame
+/// copied back, and a busy database commits again during every checkpoint's syncs. So under
+/// steady load the log grew to [`AUTOCHECKPOINT_PAGES`] (64 MiB), and then every commit
+/// checkpointed inline, two syncs on a request's way, until one happened to finish alone:
+/// ~60 in a row at 64 clients.
+const RESTART_FRAMES: i64 = 4_096;
+/// How long a restarting checkpoint waits for the writer and the readers before it gives
+/// up until the next tick. Writers wait while it holds the write lock.
+const RESTART_WAIT: Duration = Duration::from_millis(100);
 /// WAL pages after which a committing connection checkpoints by itself: only reached when
 /// the background checkpoints fall behind. SQLite's default (1,000 pages) made every
 /// ~250th pooled request copy the log back and sync the database file twice on its way.
@@ -90,6 +102,8 @@ pub struct ConnectionCache {
 pub struct Commits {
     count: Mutex<u64>,
     changed: std::sync::Condvar,
+    /// Frames in the write-ahead log after the last commit (from the WAL hook).
+    frames: std::sync::atomic::AtomicI64,
 }
 
 impl Commits {
@@ -123,6 +137,18 @@ struct FileSlot {
     file: FileId,
     commits: Arc<Commits>,
     idle: Mutex<Vec<rusqlite::Connection>>,
+    /// The commit count at the last checkpoint tick, and when this file was last
+    /// checkpointed (see [`checkpoint_mode`]).
+    ticks: Mutex<Ticks>,
+}
+
+/// What the background checkpoint remembers of a file between ticks.
+#[derive(Default)]
+struct Ticks {
+    /// The commit count the previous tick saw.
+    seen: Option<u64>,
+    /// The commit count when the file was last checkpointed.
+    checkpointed: Option<u64>,
 }
 
 impl FileSlot {
@@ -244,6 +270,7 @@ impl ConnectionCache {
                     file,
                     commits,
                     idle: Mutex::new(Vec::new()),
+                    ticks: Mutex::new(Ticks::default()),
                 });
                 let mut conn = conn;
                 signal_commits(&mut conn, &slot.commits).map_err(map_error)?;
@@ -265,10 +292,11 @@ impl ConnectionCache {
         })
     }
 
-    /// Checkpoint every database that has an idle connection (`PASSIVE`: copy what the
-    /// write-ahead log holds back into the database file without waiting for anyone), so
-    /// the log stays short and no request pays for it. Blocking; run off the runtime's
-    /// workers.
+    /// One checkpoint tick (see [`checkpoint_mode`] for which files and how): copy what the
+    /// write-ahead logs hold back into the database files, and keep the logs short, so no
+    /// request pays for it. Uses a file's least recently used idle connection (the hot one
+    /// stays free for requests, its page cache warm); a file with none idle waits for the
+    /// next tick. Blocking; run off the runtime's workers.
     pub fn checkpoint(&self) {
         let slots: Vec<Arc<FileSlot>> = self
             .files
@@ -278,14 +306,69 @@ impl ConnectionCache {
             .cloned()
             .collect();
         for slot in slots {
-            let taken = slot.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            let Some(conn) = taken else {
+            let count = slot.commits.current();
+            let frames = slot
+                .commits
+                .frames
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let mode = {
+                let mut ticks = slot.ticks.lock().unwrap_or_else(|e| e.into_inner());
+                let quiet = ticks.seen.replace(count) == Some(count);
+                checkpoint_mode(frames, quiet, ticks.checkpointed != Some(count))
+            };
+            let Some(mode) = mode else {
                 continue;
             };
-            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                tracing::warn!(database = %slot.path.display(), error = %e, "checkpoint failed");
+            let taken = {
+                let mut idle = slot.idle.lock().unwrap_or_else(|e| e.into_inner());
+                (!idle.is_empty()).then(|| idle.remove(0))
+            };
+            let Some(mut conn) = taken else {
+                continue;
+            };
+            let done = match mode {
+                CheckpointMode::Passive => {
+                    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0))
+                }
+                CheckpointMode::Restart => {
+                    // Copy back what it can first, without blocking anyone, so the writers
+                    // wait only for the frames committed meanwhile.
+                    let ran = conn
+                        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                        .and_then(|()| conn.busy_timeout(RESTART_WAIT))
+                        .and_then(|()| {
+                            conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+                                r.get::<_, i64>(0)
+                            })
+                        });
+                    // Writers waited on the lock it held: wake them now.
+                    slot.commits.ended();
+                    ran.and_then(|busy| {
+                        conn.busy_handler(Some(wait_for_lock))?;
+                        Ok(busy)
+                    })
+                }
+            };
+            match done {
+                // Not busy: done. Busy (a writer or reader did not finish in time): the
+                // next tick tries again.
+                Ok(0) => {
+                    slot.ticks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .checkpointed = Some(slot.commits.current());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(database = %slot.path.display(), error = %e, "checkpoint failed");
+                    // Its busy handler may be the short one: do not hand it on.
+                    continue;
+                }
             }
-            slot.put(conn);
+            let mut idle = slot.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < MAX_IDLE_PER_DATABASE {
+                idle.insert(0, conn);
+            }
         }
     }
 
@@ -549,6 +632,33 @@ fn changes_connection_state(action: &AuthAction<'_>) -> bool {
     )
 }
 
+/// How a checkpoint tick treats one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CheckpointMode {
+    /// Copy back what it can without waiting for anyone.
+    Passive,
+    /// Take the write lock (waiting up to [`RESTART_WAIT`]), copy everything back, and wait
+    /// for readers to leave the log, so the next commit starts it over.
+    Restart,
+}
+
+/// What a checkpoint tick does with a file whose log holds `frames` frames: restart a log
+/// that has grown past [`RESTART_FRAMES`]; copy back, without blocking anyone, a log whose
+/// file had no commit since the previous tick (`quiet`); otherwise nothing, so a busy
+/// database is not made to sync every second. Nothing either when nothing was committed
+/// since the last checkpoint (`committed`).
+fn checkpoint_mode(frames: i64, quiet: bool, committed: bool) -> Option<CheckpointMode> {
+    if !committed || frames <= 0 {
+        None
+    } else if frames >= RESTART_FRAMES {
+        Some(CheckpointMode::Restart)
+    } else if quiet {
+        Some(CheckpointMode::Passive)
+    } else {
+        None
+    }
+}
+
 /// Count `conn`'s ended write transactions in `commits`. The WAL hook runs after a commit
 /// has released the write lock; a rollback is seen just before it releases the lock (a
 /// waiter woken that early finds the lock still held and waits again). Installing a WAL
@@ -557,6 +667,9 @@ fn changes_connection_state(action: &AuthAction<'_>) -> bool {
 fn signal_commits(conn: &mut rusqlite::Connection, commits: &Arc<Commits>) -> rusqlite::Result<()> {
     let on_commit = commits.clone();
     conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages| {
+        on_commit
+            .frames
+            .store(i64::from(pages), std::sync::atomic::Ordering::Relaxed);
         on_commit.ended();
         if i64::from(pages) >= AUTOCHECKPOINT_PAGES {
             // PASSIVE (the default mode), like the automatic checkpoint; one that finds
@@ -1247,9 +1360,67 @@ mod tests {
         };
         assert_eq!(file_only(), None, "committed to the log only");
         cache.checkpoint();
-        assert_eq!(file_only(), Some(1));
+        assert_eq!(
+            file_only(),
+            None,
+            "commits since the previous tick: left alone"
+        );
+        cache.checkpoint();
+        assert_eq!(file_only(), Some(1), "quiet for a tick: copied back");
         // The connection went back to the cache.
         assert_eq!(cache.idle_count(&tmp.path().join("db.sqlite3")), 1);
+    }
+
+    #[test]
+    fn a_checkpoint_tick_restarts_long_logs_and_copies_back_quiet_ones() {
+        use CheckpointMode::{Passive, Restart};
+        assert_eq!(checkpoint_mode(RESTART_FRAMES, false, true), Some(Restart));
+        assert_eq!(checkpoint_mode(RESTART_FRAMES, true, true), Some(Restart));
+        assert_eq!(
+            checkpoint_mode(RESTART_FRAMES - 1, false, true),
+            None,
+            "busy"
+        );
+        assert_eq!(
+            checkpoint_mode(RESTART_FRAMES - 1, true, true),
+            Some(Passive)
+        );
+        assert_eq!(checkpoint_mode(10, true, false), None, "checkpointed since");
+        assert_eq!(checkpoint_mode(0, true, true), None, "an empty log");
+    }
+
+    #[test]
+    fn a_long_log_starts_over_after_one_tick_of_commits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let conn = cache.open(tmp.path(), "db").unwrap();
+        let commits = conn.slot.as_ref().unwrap().commits.clone();
+        let frames = || commits.frames.load(std::sync::atomic::Ordering::Relaxed);
+        conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        // 64 KiB a commit: about 17 frames each.
+        let insert = || {
+            conn.execute("INSERT INTO t VALUES (zeroblob(65536))", Vec::new())
+                .unwrap();
+        };
+        cache.checkpoint();
+        while frames() < RESTART_FRAMES {
+            insert();
+        }
+        let before = frames();
+        // Commits since the previous tick, so a short log would be left alone; this one is
+        // restarted: the next commit writes at the start of the log again.
+        cache.checkpoint();
+        insert();
+        assert!(
+            frames() < 100,
+            "{} frames after the restart (the log held {before})",
+            frames()
+        );
+        assert_eq!(
+            cache.idle_count(&tmp.path().join("db.sqlite3")),
+            1,
+            "the connection went back, with its usual busy handler"
+        );
     }
 
     #[test]
