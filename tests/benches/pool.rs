@@ -19,7 +19,7 @@
 //!
 //! For profiling, `POOL_BENCH_ONLY=direct|fixture|pool|answer|refusal|plain` runs just that
 //! target (one client, or `POOL_BENCH_CLIENTS=n`), e.g. under `perf record`, and prints its
-//! line.
+//! line; `POOL_BENCH_SECONDS=n` makes each run last n seconds instead of 3 (a soak run).
 
 use std::path::PathBuf;
 use std::sync::Arc;
