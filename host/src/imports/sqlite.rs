@@ -112,6 +112,11 @@ impl Commits {
         self.changed.notify_all();
     }
 
+    /// Frames in the write-ahead log after the last commit.
+    fn frames(&self) -> i64 {
+        self.frames.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn current(&self) -> u64 {
         *self.count.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -180,6 +185,22 @@ impl FileSlot {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < MAX_IDLE_PER_DATABASE {
             idle.push(conn);
+        }
+    }
+
+    /// The least recently used idle connection, if any (for background work, which
+    /// leaves the hot one to requests).
+    fn take_coldest(&self) -> Option<rusqlite::Connection> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        (!idle.is_empty()).then(|| idle.remove(0))
+    }
+
+    /// Take back a connection [`take_coldest`](Self::take_coldest) gave out, as the least
+    /// recently used again (or close it, like [`put`](Self::put), when enough are idle).
+    fn put_coldest(&self, conn: rusqlite::Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_PER_DATABASE {
+            idle.insert(0, conn);
         }
     }
 
@@ -307,10 +328,7 @@ impl ConnectionCache {
             .collect();
         for slot in slots {
             let count = slot.commits.current();
-            let frames = slot
-                .commits
-                .frames
-                .load(std::sync::atomic::Ordering::Relaxed);
+            let frames = slot.commits.frames();
             let mode = {
                 let mut ticks = slot.ticks.lock().unwrap_or_else(|e| e.into_inner());
                 let quiet = ticks.seen.replace(count) == Some(count);
@@ -319,11 +337,7 @@ impl ConnectionCache {
             let Some(mode) = mode else {
                 continue;
             };
-            let taken = {
-                let mut idle = slot.idle.lock().unwrap_or_else(|e| e.into_inner());
-                (!idle.is_empty()).then(|| idle.remove(0))
-            };
-            let Some(mut conn) = taken else {
+            let Some(mut conn) = slot.take_coldest() else {
                 continue;
             };
             let done = match mode {
@@ -365,10 +379,7 @@ impl ConnectionCache {
                     continue;
                 }
             }
-            let mut idle = slot.idle.lock().unwrap_or_else(|e| e.into_inner());
-            if idle.len() < MAX_IDLE_PER_DATABASE {
-                idle.insert(0, conn);
-            }
+            slot.put_coldest(conn);
         }
     }
 
@@ -1395,7 +1406,7 @@ mod tests {
         let cache = ConnectionCache::new();
         let conn = cache.open(tmp.path(), "db").unwrap();
         let commits = conn.slot.as_ref().unwrap().commits.clone();
-        let frames = || commits.frames.load(std::sync::atomic::Ordering::Relaxed);
+        let frames = || commits.frames();
         conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
         // 64 KiB a commit: about 17 frames each.
         let insert = || {
