@@ -13,7 +13,7 @@ use pooler_tests::client::TestClient;
 use pooler_tests::fixtures;
 use pooler_tests::harness::{START_MS, Setup, TestHost};
 use pooler_tests::logs::logs;
-use pooler_tests::upstream::{FakeUpstream, Reply};
+use pooler_tests::upstream::{FakeUpstream, Gate, Reply};
 
 /// A safety net for requests that should finish at once.
 const SOON: Duration = Duration::from_secs(10);
@@ -211,4 +211,29 @@ async fn with_no_allowed_hosts_every_outbound_request_is_refused() {
         .unwrap();
     assert_eq!(answer.body, "error=ErrorCode::HttpRequestDenied");
     assert!(upstream.received().is_empty());
+}
+
+/// wasi:http's `between-bytes-timeout` is honoured: a response body that stalls ends in
+/// `connection-read-timeout` for the guest, which answers normally. Network deadlines run on
+/// real time (they bound real sockets), so this one is short; its timing is covered with
+/// paused time in the host's unit tests (`imports::http_out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_response_body_times_out_between_bytes_as_the_guest_asked() {
+    let upstream = FakeUpstream::start().await;
+    let stall = Gate::new();
+    upstream.push(Reply::status(200).body("part").pause(&stall).body("rest"));
+    let (_host, url) = pool_host("allowed-hosts = [\"127.0.0.1\"]").await;
+    let answer = TestClient::new()
+        .get_within(
+            &format!(
+                "{url}/fetch?url={}/slow&between-bytes-ms=100",
+                upstream.url()
+            ),
+            SOON,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(answer.body, "status=200 body-error=connection read timeout");
+    stall.open();
 }

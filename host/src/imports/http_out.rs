@@ -3,13 +3,17 @@
 //! opens a connection per request; TOOLCHAIN.md measured +30–45 % req/s) and is checked
 //! against the calling plugin's allow-list of hosts first. The list is empty by default
 //! (deny); a refused request fails with `HTTP-request-denied`, an error the guest sees and
-//! handles — it is not a trap.
+//! handles — it is not a trap. The guest's request options are honoured: connect, first
+//! byte and between bytes, each with a finite default.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::Uri;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -30,6 +34,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for response headers when the guest set no first-byte timeout. Long:
 /// model APIs may think for minutes before answering.
 const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a response body may go without a byte when the guest set no between-bytes
+/// timeout. Long for the same reason; finite so a stalled upstream cannot hold an instance
+/// (and the agent's request) forever.
+const BETWEEN_BYTES_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl OutgoingClient {
     pub fn new() -> Self {
@@ -239,6 +247,9 @@ impl WasiHttpHooks for OutgoingPolicy {
         let first_byte_timeout = options
             .and_then(|o| o.first_byte_timeout)
             .unwrap_or(FIRST_BYTE_TIMEOUT);
+        let between_bytes_timeout = options
+            .and_then(|o| o.between_bytes_timeout)
+            .unwrap_or(BETWEEN_BYTES_TIMEOUT);
         let plugin = self.plugin.clone();
         Box::new(async move {
             let response = tokio::time::timeout(
@@ -255,11 +266,74 @@ impl WasiHttpHooks for OutgoingPolicy {
                     Error::HttpProtocolError
                 }
             })?;
-            let response = response.map(|body| body.map_err(Error::from).boxed_unsync());
+            let response = response.map(|body| {
+                BetweenBytes::new(body.map_err(Error::from), between_bytes_timeout).boxed_unsync()
+            });
             // The shared client drives its connections itself; nothing is left to await.
             let io: IoFuture = Box::new(async { Ok(()) });
             Ok((response, io))
         })
+    }
+}
+
+/// A response body that fails with `connection-read-timeout` when no frame arrives within
+/// `limit` of the previous one (or of the response head). The clock runs only while the
+/// body is waited on and has nothing: a frame that arrived while the guest was busy
+/// elsewhere is delivered, however late it is read.
+struct BetweenBytes<B> {
+    body: B,
+    limit: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timed_out: bool,
+}
+
+impl<B> BetweenBytes<B> {
+    fn new(body: B, limit: Duration) -> Self {
+        BetweenBytes {
+            body,
+            limit,
+            deadline: Box::pin(tokio::time::sleep(limit)),
+            timed_out: false,
+        }
+    }
+}
+
+impl<B> Body for BetweenBytes<B>
+where
+    B: Body<Error = Error> + Unpin,
+{
+    type Data = B::Data;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Error>>> {
+        let this = &mut *self;
+        if this.timed_out {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(Some(frame)) => {
+                let next = tokio::time::Instant::now() + this.limit;
+                this.deadline.as_mut().reset(next);
+                Poll::Ready(Some(frame))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                ready!(this.deadline.as_mut().poll(cx));
+                this.timed_out = true;
+                Poll::Ready(Some(Err(Error::ConnectionReadTimeout)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.timed_out || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -269,6 +343,89 @@ mod tests {
 
     fn uri(s: &str) -> Uri {
         s.parse().unwrap()
+    }
+
+    /// A body fed by hand: each `Bytes` sent is one data frame; dropping the sender ends it.
+    struct Fed(tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>);
+
+    impl Body for Fed {
+        type Data = bytes::Bytes;
+        type Error = Error;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<bytes::Bytes>, Error>>> {
+            self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    fn fed(
+        limit: Duration,
+    ) -> (
+        tokio::sync::mpsc::UnboundedSender<bytes::Bytes>,
+        BetweenBytes<Fed>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (tx, BetweenBytes::new(Fed(rx), limit))
+    }
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_keeps_coming_is_never_cut_however_long_it_lasts() {
+        let (tx, mut body) = fed(LIMIT);
+        let start = tokio::time::Instant::now();
+        // The reader waits on the body while the writer takes just under the limit per frame.
+        let writer = tokio::spawn(async move {
+            for i in 0..5u8 {
+                tokio::time::sleep(LIMIT - Duration::from_secs(1)).await;
+                tx.send(bytes::Bytes::from(vec![i])).unwrap();
+            }
+        });
+        for i in 0..5u8 {
+            let frame = body.frame().await.unwrap().unwrap();
+            assert_eq!(frame.into_data().unwrap(), vec![i]);
+        }
+        writer.await.unwrap();
+        assert!(
+            body.frame().await.is_none(),
+            "the end is the end, not an error"
+        );
+        assert!(
+            start.elapsed() > LIMIT * 4,
+            "the whole body took longer than the limit"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stalls_fails_with_a_read_timeout_one_limit_after_its_last_frame() {
+        let (tx, mut body) = fed(LIMIT);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        tx.send(bytes::Bytes::from_static(b"part")).unwrap();
+        assert!(body.frame().await.unwrap().is_ok());
+        let last = tokio::time::Instant::now();
+        // Nothing more comes (the sender stays open): the paused clock runs to the deadline.
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::ConnectionReadTimeout), "{err:?}");
+        assert_eq!(
+            last.elapsed(),
+            LIMIT,
+            "timed from the last frame, not the head"
+        );
+        assert!(body.is_end_stream());
+        assert!(body.frame().await.is_none(), "nothing after the timeout");
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_that_waited_while_the_reader_was_busy_is_still_delivered() {
+        let (tx, mut body) = fed(LIMIT);
+        tx.send(bytes::Bytes::from_static(b"early")).unwrap();
+        tokio::time::advance(LIMIT * 3).await;
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), &b"early"[..]);
+        drop(tx);
+        assert!(body.frame().await.is_none());
     }
 
     #[test]
