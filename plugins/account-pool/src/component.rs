@@ -179,6 +179,12 @@ impl Upstream for WasiUpstream {
             .map_err(|e| TransportError(format!("invalid request: {e}")))?;
         let mut client = Client::new();
         client.set_connect_timeout(std::time::Duration::from_secs(15));
+        if let Some(ms) = request.deadlines.first_byte_ms {
+            client.set_first_byte_timeout(std::time::Duration::from_millis(ms));
+        }
+        if let Some(ms) = request.deadlines.between_bytes_ms {
+            client.set_between_bytes_timeout(std::time::Duration::from_millis(ms));
+        }
         let response = client
             .send(req)
             .await

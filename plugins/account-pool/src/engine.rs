@@ -35,6 +35,32 @@ pub struct UpstreamRequest {
     pub url: String,
     pub headers: Headers,
     pub body: Vec<u8>,
+    pub deadlines: Deadlines,
+}
+
+/// Time limits of one upstream call; `None` leaves the host's default (wasi:http request
+/// options). A call past a limit fails as a transport error (no head) or a broken body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// From sending the request to the response head.
+    pub first_byte_ms: Option<u64>,
+    /// Between two pieces of the response body.
+    pub between_bytes_ms: Option<u64>,
+}
+
+impl Deadlines {
+    /// A model call: a model may think for minutes before its head or between events, so
+    /// the host's long defaults apply.
+    pub const MODEL: Deadlines = Deadlines {
+        first_byte_ms: None,
+        between_bytes_ms: None,
+    };
+    /// A token or usage endpoint, which answers a small JSON document at once. Bounded so
+    /// a stalled one cannot hold a request's refresh or a maintenance tick for minutes.
+    pub const SERVICE: Deadlines = Deadlines {
+        first_byte_ms: Some(30_000),
+        between_bytes_ms: Some(30_000),
+    };
 }
 
 /// An upstream's answer head and streaming body.
@@ -1024,6 +1050,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             url,
             headers,
             body: Vec::new(),
+            deadlines: Deadlines::SERVICE,
         };
         let mut response = match self.upstream.send(request).await {
             Ok(r) => r,
@@ -1208,6 +1235,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             url: s.token_url(provider).to_owned(),
             headers,
             body: oauth::refresh_request_body(provider, &current.refresh_token),
+            deadlines: Deadlines::SERVICE,
         };
         let sent = self.upstream.send(request).await;
         let now = self.env.now();
@@ -1293,6 +1321,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             ),
             headers,
             body: ctx.req.body.clone(),
+            deadlines: Deadlines::MODEL,
         }
     }
 }

@@ -167,6 +167,14 @@ impl Fake {
             .filter(|(c, _)| c == cred)
             .count()
     }
+    fn calls_to(&self, cred: &str) -> Vec<UpstreamRequest> {
+        self.calls
+            .borrow()
+            .iter()
+            .filter(|(c, _)| c == cred)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
     fn last(&self) -> UpstreamRequest {
         self.calls
             .borrow()
@@ -1651,6 +1659,16 @@ fn maintenance_refreshes_usage_and_expiring_tokens() {
     block_on(p.admin().tick(p.env.now())).unwrap();
     assert_eq!(p.up.count("token-endpoint"), 1);
     assert_eq!(p.up.count("usage"), 1);
+    // Both are bounded; a model call is left the host's long defaults.
+    for call in ["token-endpoint", "usage"] {
+        assert_eq!(
+            p.up.calls_to(call)[0].deadlines,
+            Deadlines::SERVICE,
+            "{call}"
+        );
+    }
+    assert_eq!(p.claude(Some("S")).status, 200);
+    assert_eq!(p.up.last().deadlines, Deadlines::MODEL);
     let info = p.admin().list(None).unwrap().remove(0);
     assert_eq!(info.token_expires_at, Some(T0 + 3_600_000));
     assert_eq!(info.windows[0].utilization, Some(0.4));
