@@ -19,7 +19,9 @@
 //!
 //! For profiling, `POOL_BENCH_ONLY=direct|fixture|pool|answer|refusal|plain` runs just that
 //! target (one client, or `POOL_BENCH_CLIENTS=n`), e.g. under `perf record`, and prints its
-//! line; `POOL_BENCH_SECONDS=n` makes each run last n seconds instead of 3 (a soak run).
+//! line; `POOL_BENCH_SECONDS=n` makes each run last n seconds instead of 3 (a soak run);
+//! `POOL_BENCH_BODY_KIB=n` pads each request's conversation to about n KiB (agents send
+//! tens to hundreds of KiB) instead of ~200 bytes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,6 +51,23 @@ fn load_duration() -> Duration {
         .and_then(|s| s.parse().ok())
         .map_or(LOAD_DURATION, Duration::from_secs)
 }
+/// The first message's `"content":…` member padded to about n KiB of conversation
+/// (`POOL_BENCH_BODY_KIB=n`), with the escapes real conversations have; empty by default.
+fn padding() -> String {
+    let kib: usize = std::env::var("POOL_BENCH_BODY_KIB")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if kib == 0 {
+        return String::new();
+    }
+    // Source code, as an agent's conversation mostly is: a quote or a line break every
+    // ~25 bytes once in JSON.
+    let line = "    let url = format!(\"{base}/v1/messages?beta=true\"); // where requests go\n";
+    let text = line.repeat(kib * 1024 / line.len());
+    format!(r#""content":{}"#, serde_json::Value::from(text))
+}
+
 /// Alternating fixture and pool runs per throughput figure.
 const ROUNDS: usize = 3;
 
@@ -170,6 +189,8 @@ struct Target {
     token: Option<String>,
     /// The status every answer must have (a success when `None`).
     expect: Option<u16>,
+    /// Conversation text added to every request ([`padding`]).
+    padding: Arc<str>,
 }
 
 impl Target {
@@ -182,12 +203,19 @@ impl Target {
             builder = builder.header("authorization", format!("Bearer {token}"));
         }
         builder
-            .body(Full::new(Bytes::from(claude_body(
-                session,
-                "claude-sonnet-4-5",
-            ))))
+            .body(Full::new(Bytes::from(request_body(session, &self.padding))))
             .expect("a request")
     }
+}
+
+/// A Claude request body for `session`, its first message's content replaced by `padding`
+/// (when not empty).
+fn request_body(session: &str, padding: &str) -> String {
+    let body = claude_body(session, "claude-sonnet-4-5");
+    if padding.is_empty() {
+        return body;
+    }
+    body.replacen(r#""content":"hi""#, padding, 1)
 }
 
 struct Load {
@@ -292,8 +320,10 @@ async fn run() -> anyhow::Result<()> {
     let (fixture_url, _fixture_host, stop_fixture) =
         serve(fixtures::POOL, fixture_data.path()).await?;
     let token = configure_pool(&pool_host, &pool_url, &upstream.url()).await?;
+    let padding: Arc<str> = padding().into();
+    let body_bytes = request_body("session-0", &padding).len();
     println!(
-        "machine: {} logical CPUs; tokio: {} workers; {:?} per run; POST /v1/messages (~200 B), 2-byte answers",
+        "machine: {} logical CPUs; tokio: {} workers; {:?} per run; POST /v1/messages ({body_bytes} B), 2-byte answers",
         std::thread::available_parallelism()?,
         pooler_tests::bench::WORKERS,
         load_duration()
@@ -303,31 +333,37 @@ async fn run() -> anyhow::Result<()> {
         url: format!("{}/v1/messages", upstream.url()),
         token: None,
         expect: None,
+        padding: padding.clone(),
     };
     let fixture = Target {
         url: format!("{fixture_url}/proxy/{}/v1/messages", upstream.addr()),
         token: None,
         expect: None,
+        padding: padding.clone(),
     };
     let pool = Target {
         url: format!("{pool_url}/v1/messages"),
         token: Some(token),
         expect: None,
+        padding: padding.clone(),
     };
     let answer = Target {
         url: format!("{fixture_url}/time"),
         token: None,
         expect: None,
+        padding: padding.clone(),
     };
     let plain = Target {
         url: format!("{}/v1/messages", plain_proxy(upstream.addr()).await?),
         token: None,
         expect: None,
+        padding: padding.clone(),
     };
     let refusal = Target {
         url: format!("{pool_url}/v1/messages"),
         token: Some("not-a-route-token".into()),
         expect: Some(401),
+        padding: padding.clone(),
     };
 
     if let Ok(only) = std::env::var("POOL_BENCH_ONLY") {
