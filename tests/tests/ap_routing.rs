@@ -360,3 +360,43 @@ async fn ap19_an_older_request_finishing_late_does_not_overwrite_a_newer_pin() {
     assert_eq!(pool.send(pool.messages("S")).await.status, 200);
     assert_eq!(pool.seen_after(3), ["B"]);
 }
+
+/// An agent-sized body: the session is read from its metadata after ~300 KiB of
+/// conversation (escapes, quotes and multi-byte text that the component's SIMD scan steps
+/// over), and the body reaches the upstream byte for byte. A control character inside the
+/// conversation makes the body not JSON: the request is served without a session, and
+/// nothing is pinned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_read_after_a_long_conversation_and_a_broken_body_has_none() {
+    let pool = Pool::claude().await;
+    let body = |session: &str, text: &str| {
+        let user_id = serde_json::json!({ "session_id": session }).to_string();
+        serde_json::json!({
+            "model": pooler_tests::pool::SONNET,
+            "messages": [{ "role": "user", "content": text }],
+            "metadata": { "user_id": user_id },
+        })
+        .to_string()
+    };
+    let line = "let s = \"quoted \\\\ text\"; // café ✓\n\ttabbed\r\n";
+    let conversation = line.repeat(300 * 1024 / line.len());
+    let big = body("BIG", &conversation);
+    assert!(
+        big.find("metadata").unwrap() > 300_000,
+        "the metadata comes last"
+    );
+    let answer = pool
+        .send(pool.request("POST", "/v1/messages", big.clone()))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(pool.pinned("BIG").await.as_deref(), Some("A"));
+    assert_eq!(pool.upstream.received()[0].body, big);
+
+    // A raw control character (here U+0001) is not allowed in a JSON string.
+    let broken = body("BROKEN", &conversation).replacen("café", "caf\u{1}", 1);
+    let answer = pool
+        .send(pool.request("POST", "/v1/messages", broken))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(pool.pinned("BROKEN").await, None);
+}

@@ -11,6 +11,7 @@
 //! | [`model`] | providers, families, credentials, statuses, availability vocabulary |
 //! | [`http`] | headers, served routes, upstream URLs, header allow-lists, error shapes |
 //! | [`session`] | session keys (Claude, Codex) and model family of a request |
+//! | [`skim`] | a JSON body's few top-level members, the rest checked and skipped fast |
 //! | [`quota`] | rate-limit header and usage parsing, windows, blocking resets |
 //! | [`policy`] | eligibility tiers, status, choice, outcome table, commit rule, verdict |
 //! | [`settings`] | setting keys, defaults, validation |
@@ -30,6 +31,7 @@ pub mod policy;
 pub mod quota;
 pub mod session;
 pub mod settings;
+pub mod skim;
 pub mod store;
 pub mod stream;
 pub mod token;

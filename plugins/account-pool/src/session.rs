@@ -62,57 +62,18 @@ const FIELDS: [&str; 4] = ["metadata", "model", "client_metadata", "prompt_cache
 
 /// The body as far as the extraction reads it: for a JSON object, an object of just its
 /// [`FIELDS`] (the last of a repeated key, as a full parse would keep); for other JSON,
-/// `null`; for a body that is not JSON, None. Every other field — the messages and tools,
-/// nearly all of an agent's request — is checked and skipped without being built: a full
-/// parse into a `Value` allocated every string and object of a body that can be megabytes.
+/// `null`; for a body that is not JSON, None. Every other member — the messages and tools,
+/// nearly all of an agent's request — is checked and skipped without being built
+/// ([`crate::skim`]): a full parse into a `Value` allocated every string and object of a
+/// body that can be megabytes.
 pub fn read_fields(body: &[u8]) -> Option<Value> {
-    use serde::de::{Deserializer as _, IgnoredAny, MapAccess, Visitor};
-
-    struct Fields;
-    impl<'de> Visitor<'de> for Fields {
-        type Value = Value;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("JSON")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-            let mut kept = serde_json::Map::new();
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if FIELDS.contains(&key.as_ref()) {
-                    kept.insert(key.into_owned(), map.next_value::<Value>()?);
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(Value::Object(kept))
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(Value::Null)
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
-        fn visit_unit<E>(self) -> Result<Value, E> {
-            Ok(Value::Null)
-        }
+    match crate::skim::members(body, &FIELDS) {
+        Ok(Some(kept)) => Some(Value::Object(kept)),
+        Ok(None) => serde_json::from_slice::<serde::de::IgnoredAny>(body)
+            .ok()
+            .map(|_| Value::Null),
+        Err(()) => None,
     }
-
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let value = (&mut de).deserialize_any(Fields).ok()?;
-    de.end().ok()?;
-    Some(value)
 }
 
 /// A JSON object that may be given inline or as a string holding JSON.
