@@ -34,7 +34,8 @@ pub struct UpstreamRequest {
     pub method: String,
     pub url: String,
     pub headers: Headers,
-    pub body: Vec<u8>,
+    /// Shared with the incoming request: every attempt sends the same bytes, uncopied.
+    pub body: bytes::Bytes,
     pub deadlines: Deadlines,
 }
 
@@ -116,7 +117,7 @@ pub struct IncomingRequest {
     pub path: String,
     pub query: Option<String>,
     pub headers: Headers,
-    pub body: Vec<u8>,
+    pub body: bytes::Bytes,
     /// The body was longer than the glue was willing to read.
     pub body_truncated: bool,
 }
@@ -1049,7 +1050,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             method: "GET".into(),
             url,
             headers,
-            body: Vec::new(),
+            body: bytes::Bytes::new(),
             deadlines: Deadlines::SERVICE,
         };
         let mut response = match self.upstream.send(request).await {
@@ -1234,7 +1235,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             method: "POST".into(),
             url: s.token_url(provider).to_owned(),
             headers,
-            body: oauth::refresh_request_body(provider, &current.refresh_token),
+            body: oauth::refresh_request_body(provider, &current.refresh_token).into(),
             deadlines: Deadlines::SERVICE,
         };
         let sent = self.upstream.send(request).await;

@@ -419,7 +419,7 @@ impl Pool {
                 ("content-type", "application/json"),
                 ("anthropic-version", "2023-06-01"),
             ]),
-            body: body.to_string().into_bytes(),
+            body: body.to_string().into_bytes().into(),
             body_truncated: false,
         }
     }
@@ -955,7 +955,7 @@ fn ap16_child_inherits_parent_account() {
         let mut body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
         body["metadata"] =
             json!({"user_id": json!({"session_id": "C", "parent_session_id": "P"}).to_string()});
-        req.body = body.to_string().into_bytes();
+        req.body = body.to_string().into_bytes().into();
         p.send(req)
     };
     p.env.advance(1_000);
@@ -1001,7 +1001,7 @@ fn ap17_codex_session_keys_and_forwarding() {
             path: "/v1/responses".into(),
             query: None,
             headers: h,
-            body: body.to_string().into_bytes(),
+            body: body.to_string().into_bytes().into(),
             body_truncated: false,
         })
     };
@@ -1040,7 +1040,7 @@ fn ap17_codex_session_keys_and_forwarding() {
             "authorization",
             format!("Bearer {}", p.codex_token).as_str(),
         )]),
-        body: Vec::new(),
+        body: bytes::Bytes::new(),
         body_truncated: false,
     });
     assert_eq!(models.status, 200);
@@ -1253,7 +1253,7 @@ fn ap21_availability_answers() {
         path: "/v1/responses".into(),
         query: None,
         headers: h,
-        body: b"{}".to_vec(),
+        body: bytes::Bytes::from_static(b"{}"),
         body_truncated: false,
     });
     assert_eq!((r.status, r.headers.get("retry-after")), (429, Some("60")));
@@ -1413,13 +1413,13 @@ fn ap23_admin_refusals_and_secrets() {
 fn ap24_bad_input_is_answered_clearly() {
     let p = Pool::abc();
     let mut not_json = p.claude_req(None, "m");
-    not_json.body = b"{not json".to_vec();
+    not_json.body = bytes::Bytes::from_static(b"{not json");
     assert_eq!(p.send(not_json).status, 200, "forwarded session-less");
-    assert_eq!(p.up.last().body, b"{not json");
+    assert_eq!(p.up.last().body, &b"{not json"[..]);
 
     let mut big = p.claude_req(None, "m");
     p.admin().set_setting("max-request-body", "1024").unwrap();
-    big.body = vec![b' '; 2048];
+    big.body = vec![b' '; 2048].into();
     let r = p.send(big);
     assert_eq!(
         (r.status, r.headers.get("x-pooler-origin")),
