@@ -351,7 +351,8 @@ async fn run() -> anyhow::Result<()> {
         url: format!("{fixture_url}/time"),
         token: None,
         expect: None,
-        padding: padding.clone(),
+        // It answers without reading the body: a padded one would be cut off mid-send.
+        padding: Arc::from(""),
     };
     let plain = Target {
         url: format!("{}/v1/messages", plain_proxy(upstream.addr()).await?),
