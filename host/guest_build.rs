@@ -48,6 +48,12 @@ pub fn build_guests(
             "cargo::rerun-if-changed={}",
             guest.dir.join("src").display()
         );
+        // A guest's own build script (link settings); watched only where there is one, as
+        // cargo reruns on every build for a path that does not exist.
+        let script = guest.dir.join("build.rs");
+        if script.exists() {
+            println!("cargo::rerun-if-changed={}", script.display());
+        }
     }
     if guests.is_empty() {
         return Vec::new();
