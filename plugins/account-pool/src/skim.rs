@@ -28,19 +28,7 @@ pub fn members(body: &[u8], keep: &[&str]) -> Result<Option<Map<String, Value>>,
         s.i += 1;
     } else {
         loop {
-            if s.peek() != Some(b'"') {
-                return Err(());
-            }
-            let key_start = s.i;
-            s.i += 1;
-            s.string()?;
-            let key = &body[key_start..s.i];
-            s.ws();
-            if s.peek() != Some(b':') {
-                return Err(());
-            }
-            s.i += 1;
-            s.ws();
+            let key = s.member_name()?;
             let value_start = s.i;
             s.value()?;
             let name = key_text(key)?;
@@ -87,7 +75,7 @@ struct Skim<'a> {
     i: usize,
 }
 
-impl Skim<'_> {
+impl<'a> Skim<'a> {
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -221,20 +209,23 @@ impl Skim<'_> {
         }
     }
 
-    /// A member's `"name"` and `:`, and the whitespace before its value.
-    fn member_name(&mut self) -> Result<(), ()> {
+    /// A member's `"name"` and `:`, and the whitespace before its value; the name as
+    /// written, quotes included.
+    fn member_name(&mut self) -> Result<&'a [u8], ()> {
         if self.peek() != Some(b'"') {
             return Err(());
         }
+        let start = self.i;
         self.i += 1;
         self.string()?;
+        let name = &self.b[start..self.i];
         self.ws();
         if self.peek() != Some(b':') {
             return Err(());
         }
         self.i += 1;
         self.ws();
-        Ok(())
+        Ok(name)
     }
 }
 
