@@ -71,6 +71,8 @@ pub struct PoolSetup {
     provider: Provider,
     accounts: Vec<Credential>,
     setup: Setup,
+    /// More of the pool plugin's configuration table.
+    plugin: String,
 }
 
 impl PoolSetup {
@@ -80,6 +82,7 @@ impl PoolSetup {
             provider,
             accounts: Vec::new(),
             setup: Setup::new(),
+            plugin: String::new(),
         }
     }
 
@@ -98,6 +101,13 @@ impl PoolSetup {
         self
     }
 
+    /// More lines for the pool plugin's configuration table (`memory-mib = 8`, say).
+    pub fn plugin(mut self, toml: &str) -> Self {
+        self.plugin.push_str(toml);
+        self.plugin.push('\n');
+        self
+    }
+
     /// Load the fixture retry plugin as the availability listener.
     pub fn with_listener(mut self) -> Self {
         self.setup = self
@@ -111,7 +121,10 @@ impl PoolSetup {
         let tokens = FakeUpstream::start().await;
         let mut host = self
             .setup
-            .embedded(Role::AccountPool, "allowed-hosts = [\"127.0.0.1\"]")
+            .embedded(
+                Role::AccountPool,
+                &format!("allowed-hosts = [\"127.0.0.1\"]\n{}", self.plugin),
+            )
             .start()
             .expect("start the host");
         let url = host.serve().await.expect("serve");

@@ -20,7 +20,6 @@ use crate::engine::{
 };
 use crate::http::{Headers, PoolError};
 use crate::model::{self, Provider};
-use crate::store::Store;
 use crate::stream::BodyStream;
 use bindings::exports::pooler::plugins::{accounts, availability, maintenance, routing, settings};
 use bindings::pooler::plugins::{availability_listener, log as wit_log, sqlite, types};
@@ -226,6 +225,9 @@ fn pool_response(e: &PoolError) -> Response<Body> {
         .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
+/// The default `max-request-body`: how much of a body is read when storage could not say.
+const DEFAULT_BODY_LIMIT: u64 = 32 << 20;
+
 #[wstd::http_server]
 async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
     let Ok(db) = WitDb::open() else {
@@ -234,9 +236,6 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
             "Account Pooler storage is unavailable; try again.",
         )));
     };
-    // Read once here (for the body limit) and handed to the engine.
-    let settings = Store::new(&db).settings().ok();
-    let limit = settings.as_ref().map_or(32 << 20, |s| s.max_request_body);
     let (parts, body) = request.into_parts();
     let mut headers = Headers::new();
     for (n, v) in parts.headers.iter() {
@@ -244,6 +243,32 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
             headers.push(n.as_str(), v);
         }
     }
+    let mut body = body.into_boxed_body();
+    let mut engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
+    // The head first: a request the pool refuses anyway (a wrong token, say) has its body
+    // read and dropped, never kept, so it cannot make the pool hold `max-request-body`.
+    let limit = match engine.screen(parts.method.as_str(), parts.uri.path(), &headers) {
+        engine::Screen::Refused(response) => {
+            // Read to its end (within the limit) all the same: a server that answers and
+            // closes with a body still arriving makes the client's kernel see a reset, and
+            // the client may lose the answer.
+            let mut left = DEFAULT_BODY_LIMIT;
+            while let Some(Ok(frame)) = body.frame().await {
+                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                let Some(rest) = left.checked_sub(n) else {
+                    break;
+                };
+                left = rest;
+            }
+            return Ok(to_wstd(response));
+        }
+        engine::Screen::Admitted(admitted) => {
+            let limit = admitted.max_body();
+            engine = engine.with_admitted(admitted);
+            limit
+        }
+        engine::Screen::Unknown => DEFAULT_BODY_LIMIT,
+    };
     // Sized by the declared length up front (up to 8 MiB, so a false length cannot make
     // every request reserve the whole limit), and filled straight from each frame: growing
     // a Vec by doubling, and copying each frame first, tripled the bytes a large agent
@@ -253,20 +278,20 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
         .get("content-length")
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         .unwrap_or(0)
-        .min(limit.saturating_add(1))
+        .min(limit)
         .min(8 << 20);
     let mut bytes = Vec::with_capacity(usize::try_from(declared).unwrap_or(0));
-    let mut body = body.into_boxed_body();
     let mut truncated = false;
     while let Some(frame) = body.frame().await {
         match frame {
             Ok(frame) => {
                 if let Some(data) = frame.data_ref() {
+                    // Checked before the copy: a body past the limit is never held.
+                    if (bytes.len() + data.len()) as u64 > limit {
+                        truncated = true;
+                        break;
+                    }
                     bytes.extend_from_slice(data);
-                }
-                if bytes.len() as u64 > limit {
-                    truncated = true;
-                    break;
                 }
             }
             Err(_) => {
@@ -285,11 +310,11 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
         body: bytes.into(),
         body_truncated: truncated,
     };
-    let mut engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
-    if let Some(settings) = settings {
-        engine = engine.with_settings(settings);
-    }
-    let response = engine.handle(incoming).await;
+    Ok(to_wstd(engine.handle(incoming).await))
+}
+
+/// The engine's response as wstd's: a body the pool made, or the upstream's relayed.
+fn to_wstd(response: engine::Response<WasiBody>) -> Response<Body> {
     let mut b = Response::builder().status(response.status);
     for (n, v) in response.headers.iter() {
         b = b.header(n, v);
@@ -302,12 +327,12 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
             }))
         }
     };
-    Ok(b.body(body).unwrap_or_else(|_| {
+    b.body(body).unwrap_or_else(|_| {
         pool_response(&PoolError::pool(
             502,
             "Account Pooler could not relay the upstream response.",
         ))
-    }))
+    })
 }
 
 // ---- type adapters ----------------------------------------------------------------------

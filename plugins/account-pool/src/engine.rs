@@ -178,8 +178,9 @@ pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log> {
     store: Store<'a, D>,
     upstream: &'a U,
     env: &'a E,
-    /// Settings the caller already read for this request (read here otherwise).
-    settings: Option<Settings>,
+    /// The route and settings [`Engine::screen`] read for this request (read here
+    /// otherwise).
+    admitted: Option<Admitted>,
     /// When the current attempt last tried its account: the account's "last used" time,
     /// written with the attempt's outcome.
     last_try: std::cell::Cell<u64>,
@@ -198,6 +199,33 @@ enum Attempt<B> {
         outcome: AttemptOutcome,
         failure: Option<PoolError>,
     },
+}
+
+/// What a request's head comes to, before its body is read ([`Engine::screen`]).
+pub enum Screen<B> {
+    /// The pool answers it whatever its body holds (a method, path or route token it does
+    /// not serve, or routing off): its body need not be kept.
+    Refused(Response<B>),
+    /// It may be routed: read its body, up to [`Admitted::max_body`] bytes, and serve it
+    /// with [`Engine::with_admitted`].
+    Admitted(Admitted),
+    /// Storage cannot tell yet (not migrated, or failing): read the body and let
+    /// [`Engine::handle`] decide (it migrates, or answers 503).
+    Unknown,
+}
+
+/// A request's route and the settings it is served with, read before its body.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    route: (String, Provider),
+    settings: Settings,
+}
+
+impl Admitted {
+    /// The most body bytes the request may have (`max-request-body`).
+    pub fn max_body(&self) -> u64 {
+        self.settings.max_request_body
+    }
 }
 
 /// What a request comes to before it chooses an account, read in one read transaction.
@@ -223,15 +251,35 @@ fn refusal<B>(
     route: Option<(String, Provider)>,
     settings: &Settings,
 ) -> Result<(Endpoint, String), Response<B>> {
-    let endpoint = match http::match_route(&req.method, &req.path) {
+    let (endpoint, thread) = head_refusal(&req.method, &req.path, route, settings)?;
+    if req.body_truncated || req.body.len() as u64 > settings.max_request_body {
+        return Err(Response::pool(
+            endpoint.provider(),
+            &PoolError::pool(
+                413,
+                format!(
+                    "The request body exceeds {} bytes.",
+                    settings.max_request_body
+                ),
+            ),
+        ));
+    }
+    Ok((endpoint, thread))
+}
+
+/// [`refusal`] from the request's head alone: everything but the body's size.
+fn head_refusal<B>(
+    method: &str,
+    path: &str,
+    route: Option<(String, Provider)>,
+    settings: &Settings,
+) -> Result<(Endpoint, String), Response<B>> {
+    let endpoint = match http::match_route(method, path) {
         RouteMatch::Endpoint(e) => e,
         RouteMatch::MethodNotAllowed(p) => {
             return Err(Response::pool(
                 p,
-                &PoolError::pool(
-                    405,
-                    format!("{} is not allowed on {}.", req.method, req.path),
-                ),
+                &PoolError::pool(405, format!("{method} is not allowed on {path}.")),
             ));
         }
         RouteMatch::NotFound(guess) => {
@@ -242,7 +290,7 @@ fn refusal<B>(
                 .unwrap_or(Provider::Claude);
             let status = if route.is_some() { 404 } else { 401 };
             let msg = if route.is_some() {
-                format!("Account Pooler does not serve {}.", req.path)
+                format!("Account Pooler does not serve {path}.")
             } else {
                 "Invalid Account Pooler bearer token.".to_owned()
             };
@@ -262,18 +310,6 @@ fn refusal<B>(
             &PoolError::pool(
                 503,
                 format!("Account Pooler routing is off for {provider}."),
-            ),
-        ));
-    }
-    if req.body_truncated || req.body.len() as u64 > settings.max_request_body {
-        return Err(Response::pool(
-            provider,
-            &PoolError::pool(
-                413,
-                format!(
-                    "The request body exceeds {} bytes.",
-                    settings.max_request_body
-                ),
             ),
         ));
     }
@@ -349,14 +385,43 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             store: Store::new(db),
             upstream,
             env,
-            settings: None,
+            admitted: None,
             last_try: std::cell::Cell::new(0),
         }
     }
 
-    /// Use `settings`, read by the caller for this request, instead of reading them again.
-    pub fn with_settings(mut self, settings: Settings) -> Self {
-        self.settings = Some(settings);
+    /// Look at a request's head before its body is read: its settings and route token,
+    /// in one read transaction. A request the pool would refuse whatever its body holds is
+    /// answered now, so a caller need not keep a body (up to `max-request-body` of it) only
+    /// to refuse it.
+    pub fn screen(&self, method: &str, path: &str, headers: &Headers) -> Screen<U::Body> {
+        let hash = token::from_headers(headers).map(|t| token::hash(&t));
+        let read = self.store.read(|st| {
+            if !st.schema_current()? {
+                return Ok(None);
+            }
+            let route = match &hash {
+                Some(h) => st.route_by_hash(h)?,
+                None => None,
+            };
+            Ok(Some((route, st.settings()?)))
+        });
+        let Ok(Some((route, settings))) = read else {
+            return Screen::Unknown;
+        };
+        match head_refusal(method, path, route.clone(), &settings) {
+            Err(refused) => Screen::Refused(refused),
+            Ok(_) => match route {
+                Some(route) => Screen::Admitted(Admitted { route, settings }),
+                None => Screen::Unknown,
+            },
+        }
+    }
+
+    /// Serve the request `admitted` was screened from with what the screen read, instead
+    /// of reading it again.
+    pub fn with_admitted(mut self, admitted: Admitted) -> Self {
+        self.admitted = Some(admitted);
         self
     }
 
@@ -384,21 +449,23 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
     }
 
     async fn handle_inner(&self, req: &IncomingRequest) -> Result<Response<U::Body>, DbError> {
-        let hash = token::from_headers(&req.headers).map(|t| token::hash(&t));
         let start = self.env.now();
         // Everything the request decides on, read in one read transaction: one snapshot,
         // one read lock (instead of one per statement).
         let read = |st: &Store<'a, D>| -> Result<Option<Decision<U::Body>>, DbError> {
-            if !st.schema_current()? {
-                return Ok(None);
-            }
-            let route = match &hash {
-                Some(h) => st.route_by_hash(h)?,
-                None => None,
-            };
-            let settings = match &self.settings {
-                Some(s) => s.clone(),
-                None => st.settings()?,
+            let (route, settings) = match &self.admitted {
+                // Screened: the schema was current then, and a schema never goes back.
+                Some(a) => (Some(a.route.clone()), a.settings.clone()),
+                None => {
+                    if !st.schema_current()? {
+                        return Ok(None);
+                    }
+                    let route = match token::from_headers(&req.headers) {
+                        Some(t) => st.route_by_hash(&token::hash(&t))?,
+                        None => None,
+                    };
+                    (route, st.settings()?)
+                }
             };
             Ok(Some(match refusal(req, route, &settings) {
                 Err(refused) => Decision::Refused(refused),
