@@ -446,7 +446,9 @@ impl Host {
         store
     }
 
-    /// Describe a failed call, and log it with the plugin's id.
+    /// Describe a failed call, and log it with the plugin's id. A trap's description
+    /// names its cause in one line (it reaches HTTP clients and admin callers); the log
+    /// also has the whole error, with the guest's backtrace.
     pub(crate) fn call_error(meta: &PluginMeta, call: &str, error: wasmtime::Error) -> CallError {
         let err = if error.downcast_ref::<DeadlineExceeded>().is_some() {
             CallError::Deadline {
@@ -458,10 +460,16 @@ impl Host {
             CallError::Trap {
                 plugin: meta.id.to_string(),
                 call: call.to_string(),
-                reason: format!("{error:#}"),
+                reason: error.root_cause().to_string(),
             }
         };
-        tracing::error!(plugin = &*meta.id, call, error = %err, "plugin call failed");
+        tracing::error!(
+            plugin = &*meta.id,
+            call,
+            error = %err,
+            detail = %format!("{error:#}"),
+            "plugin call failed"
+        );
         err
     }
 

@@ -88,18 +88,26 @@ async fn a_trap_is_reported_with_the_plugin_and_the_call_and_the_next_request_su
     assert!(
         answer
             .body
-            .contains("plugin `account-pool` trapped in `wasi:http/incoming-handler.handle`"),
+            .contains("plugin `account-pool` trapped in `wasi:http/incoming-handler.handle`: wasm trap: wasm `unreachable` instruction executed"),
         "{}",
         answer.body
     );
+    // The client hears the cause in one line; the guest's backtrace is for the log.
+    assert!(!answer.body.contains("backtrace"), "{}", answer.body);
     let logged = logs
         .wait_for(SOON, |l| {
             l.message == "plugin call failed"
                 && l.fields.get("plugin").is_some_and(|p| p == "account-pool")
                 && l.fields.get("error").is_some_and(|e| e.contains("trapped"))
+                && l.fields
+                    .get("detail")
+                    .is_some_and(|d| d.contains("wasm backtrace"))
         })
         .await;
-    assert!(logged.is_some(), "the trap was logged with the plugin id");
+    assert!(
+        logged.is_some(),
+        "the trap was logged with the plugin id and the backtrace"
+    );
     let next = client
         .get_within(&format!("{url}/echo"), SOON)
         .await
