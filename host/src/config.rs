@@ -11,6 +11,7 @@
 //! allowed-hosts = ["api.anthropic.com", "chatgpt.com"]
 //! deadline-ms = 10000
 //! memory-mib = 64
+//! error-body-timeout-ms = 10000   # a failed answer's body may stall this long
 //!
 //! [maintenance]
 //! interval-s = 10
@@ -168,6 +169,12 @@ pub struct PluginConfig {
     /// The plugin's memory cap per instance.
     #[serde(default = "default_memory_mib")]
     pub memory_mib: u64,
+    /// How long the body of a non-2xx answer to the plugin's outgoing HTTP request may go
+    /// without a byte before it fails (the guest's own between-bytes timeout, if shorter,
+    /// still applies). Such a body is a short error document that comes with its head; one
+    /// that stalls must not hold the plugin for the long limit a model's stream needs.
+    #[serde(default = "default_error_body_timeout_ms")]
+    pub error_body_timeout_ms: u64,
 }
 
 impl Default for PluginConfig {
@@ -177,6 +184,7 @@ impl Default for PluginConfig {
             allowed_hosts: None,
             deadline_ms: default_deadline_ms(),
             memory_mib: default_memory_mib(),
+            error_body_timeout_ms: default_error_body_timeout_ms(),
         }
     }
 }
@@ -189,6 +197,9 @@ fn default_deadline_ms() -> u64 {
 }
 fn default_memory_mib() -> u64 {
     64
+}
+fn default_error_body_timeout_ms() -> u64 {
+    10_000
 }
 
 /// `[maintenance]`: the host-driven periodic calls.
@@ -259,6 +270,9 @@ impl Config {
             if plugin.deadline_ms == 0 {
                 bail!("plugins.{name}.deadline-ms must be positive");
             }
+            if plugin.error_body_timeout_ms == 0 {
+                bail!("plugins.{name}.error-body-timeout-ms must be positive");
+            }
             for host in plugin.allowed_hosts.iter().flatten() {
                 if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
                     bail!("plugins.{name}.allowed-hosts: `{host}` is not a host or host:port");
@@ -296,6 +310,22 @@ mod tests {
         );
         assert!(config.allowed_hosts(Role::ProviderRetry).is_empty());
         assert_eq!(pool.memory_mib, 64);
+        assert_eq!(pool.error_body_timeout_ms, 10_000);
+    }
+
+    #[test]
+    fn a_plugin_s_limits_must_be_positive() {
+        for key in ["deadline-ms", "error-body-timeout-ms", "memory-mib"] {
+            let err = Config::parse(&format!("[plugins.account-pool]\n{key} = 0\n")).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(&format!("plugins.account-pool.{key}")),
+                "{key}: {err}"
+            );
+        }
+        let config =
+            Config::parse("[plugins.account-pool]\nerror-body-timeout-ms = 250\n").unwrap();
+        assert_eq!(config.plugin(Role::AccountPool).error_body_timeout_ms, 250);
     }
 
     #[test]

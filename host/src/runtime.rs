@@ -318,6 +318,7 @@ fn load<P>(
         source,
         deadline: Duration::from_millis(settings.deadline_ms),
         memory_bytes: usize::try_from(settings.memory_mib << 20).unwrap_or(usize::MAX),
+        error_body_timeout: Duration::from_millis(settings.error_body_timeout_ms),
         allow: Arc::new(AllowList::with_grants(
             &config.allowed_hosts(role),
             data_dir.join("plugins").join(id).join(GRANTS_FILE),

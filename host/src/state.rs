@@ -35,6 +35,8 @@ pub struct PluginMeta {
     pub memory_bytes: usize,
     /// Hosts it may send HTTP requests to.
     pub allow: Arc<AllowList>,
+    /// How long a non-2xx answer's body may stall (`error-body-timeout-ms`).
+    pub error_body_timeout: Duration,
     /// Its database directory, `DATA_DIR/plugins/<id>`.
     pub dir: PathBuf,
 }
@@ -91,7 +93,12 @@ impl PluginState {
             limits,
             wasi,
             http: WasiHttpCtx::new(),
-            outgoing: OutgoingPolicy::new(id.clone(), meta.allow.clone(), services.client.clone()),
+            outgoing: OutgoingPolicy::new(
+                id.clone(),
+                meta.allow.clone(),
+                services.client.clone(),
+                meta.error_body_timeout,
+            ),
             sqlite: SqliteCtx::new(meta.dir.clone(), services.databases.clone()),
             log: LogCtx::new(id.clone()),
             listener: ListenerCtx::new(id.clone(), services.changes.clone()),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use pooler_tests::pool::{Pool, reply};
+use pooler_tests::pool::{Pool, PoolSetup, reply};
 use pooler_tests::upstream::{Gate, Reply};
 
 /// The default transient backoff (250 ms, then 1 s) as the clock moves during a request.
@@ -132,6 +132,33 @@ async fn ap2_after_529s_the_session_detours_once_and_returns_to_its_account() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ap2_after_dropped_connections_the_session_detours_once_and_returns_to_its_account() {
     recovered_pin_after_transient_failure(Reply::drop_connection()).await;
+}
+
+/// A 503 whose body stalls after its head holds the request only for the host's
+/// `error-body-timeout-ms` (100 ms of real time here: it bounds a real socket), not for the
+/// between-bytes limit a model call gets (600 s): A is tried three times with the usual
+/// backoffs, its part of a detail kept, and B serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_whose_body_stalls_is_given_up_on_and_detoured() {
+    let pool = PoolSetup::claude_keys(3)
+        .plugin("error-body-timeout-ms = 100")
+        .start()
+        .await;
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    let stall = Gate::new();
+    for _ in 0..3 {
+        pool.upstream.push(
+            Reply::status(503)
+                .header("content-type", "application/json")
+                .body(r#"{"type":"error","error":{"type":"overlo"#)
+                .pause(&stall),
+        );
+    }
+    let (answer, moves) = pool.drive(pool.messages("S")).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(pool.seen_after(1), ["A", "A", "A", "B"]);
+    assert_eq!(moves, BACKOFF, "only the backoffs moved the clock");
+    assert_eq!(pool.explain("S").await.unwrap().account, Some(pool.id("A")));
 }
 
 /// AP-3: a transient outage longer than the retries — S detours to B on each request while

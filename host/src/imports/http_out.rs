@@ -4,7 +4,8 @@
 //! against the calling plugin's allow-list of hosts first. The list is empty by default
 //! (deny); a refused request fails with `HTTP-request-denied`, an error the guest sees and
 //! handles — it is not a trap. The guest's request options are honoured: connect, first
-//! byte and between bytes, each with a finite default.
+//! byte and between bytes, each with a finite default; the body of an answer that is not a
+//! 2xx gets at most the plugin's `error-body-timeout-ms` between bytes.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -193,20 +194,40 @@ impl AllowList {
     }
 }
 
-/// Per-instance outgoing policy: who is calling, what they may reach, and the client.
+/// Per-instance outgoing policy: who is calling, what they may reach, the client, and how
+/// long a failed answer's body may stall.
 pub struct OutgoingPolicy {
     plugin: Arc<str>,
     allow: Arc<AllowList>,
     client: OutgoingClient,
+    error_body_timeout: Duration,
 }
 
 impl OutgoingPolicy {
-    pub fn new(plugin: Arc<str>, allow: Arc<AllowList>, client: OutgoingClient) -> Self {
+    pub fn new(
+        plugin: Arc<str>,
+        allow: Arc<AllowList>,
+        client: OutgoingClient,
+        error_body_timeout: Duration,
+    ) -> Self {
         OutgoingPolicy {
             plugin,
             allow,
             client,
+            error_body_timeout,
         }
+    }
+}
+
+/// How long a response body may go without a byte: what the guest asked for, or at most
+/// `error_body` when the answer is not a 2xx (a short error document, which comes with its
+/// head; an upstream that sends a failure's head and stalls must not hold the guest for the
+/// long limit a model's stream needs).
+fn body_limit(status: hyper::StatusCode, asked: Duration, error_body: Duration) -> Duration {
+    if status.is_success() {
+        asked
+    } else {
+        asked.min(error_body)
     }
 }
 
@@ -251,6 +272,7 @@ impl WasiHttpHooks for OutgoingPolicy {
             .and_then(|o| o.between_bytes_timeout)
             .unwrap_or(BETWEEN_BYTES_TIMEOUT);
         let plugin = self.plugin.clone();
+        let error_body_timeout = self.error_body_timeout;
         Box::new(async move {
             let response = tokio::time::timeout(
                 connect_timeout + first_byte_timeout,
@@ -266,9 +288,9 @@ impl WasiHttpHooks for OutgoingPolicy {
                     Error::HttpProtocolError
                 }
             })?;
-            let response = response.map(|body| {
-                BetweenBytes::new(body.map_err(Error::from), between_bytes_timeout).boxed_unsync()
-            });
+            let limit = body_limit(response.status(), between_bytes_timeout, error_body_timeout);
+            let response = response
+                .map(|body| BetweenBytes::new(body.map_err(Error::from), limit).boxed_unsync());
             // The shared client drives its connections itself; nothing is left to await.
             let io: IoFuture = Box::new(async { Ok(()) });
             Ok((response, io))
@@ -357,6 +379,26 @@ mod tests {
         ) -> Poll<Option<Result<Frame<bytes::Bytes>, Error>>> {
             self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
         }
+    }
+
+    /// A 2xx body gets the limit the guest asked for; any other answer's body at most the
+    /// error-body limit, and less if the guest asked for less.
+    #[test]
+    fn a_failed_answer_s_body_gets_the_shorter_limit() {
+        use hyper::StatusCode;
+        let (long, error) = (Duration::from_secs(600), Duration::from_secs(10));
+        assert_eq!(body_limit(StatusCode::OK, long, error), long);
+        assert_eq!(body_limit(StatusCode::NO_CONTENT, long, error), long);
+        for status in [
+            StatusCode::MOVED_PERMANENTLY,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::from_u16(529).unwrap(),
+        ] {
+            assert_eq!(body_limit(status, long, error), error, "{status}");
+        }
+        let short = Duration::from_secs(2);
+        assert_eq!(body_limit(StatusCode::BAD_GATEWAY, short, error), short);
     }
 
     fn fed(
