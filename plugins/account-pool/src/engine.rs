@@ -450,8 +450,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
 
     async fn handle_inner(&self, req: &IncomingRequest) -> Result<Response<U::Body>, DbError> {
         let start = self.env.now();
-        // Everything the request decides on, read in one read transaction: one snapshot,
-        // one read lock (instead of one per statement).
+        // Everything the request decides on that the screen did not read, in one read
+        // transaction: one snapshot, one read lock (instead of one per statement).
         let read = |st: &Store<'a, D>| -> Result<Option<Decision<U::Body>>, DbError> {
             let (route, settings) = match &self.admitted {
                 // Screened: the schema was current then, and a schema never goes back.
