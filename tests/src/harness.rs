@@ -236,6 +236,13 @@ impl TestHost {
         })
     }
 
+    /// Like [`TestHost::restart`], with the configuration `setup` describes instead (a
+    /// `pooler serve` restarted after its configuration file changed).
+    pub async fn restart_as(&mut self, setup: Setup) -> anyhow::Result<Option<String>> {
+        self.config = Config::parse(&setup.toml())?;
+        self.restart().await
+    }
+
     /// How long until the next sleeper on the host clock wakes (a guest's backoff or wait,
     /// the maintenance loop), once something sleeps past now. Waits (for real, at most
     /// `limit`) until something does; `None` if nothing did.

@@ -11,11 +11,33 @@ use pooler_tests::fixtures;
 use pooler_tests::harness::{START_MS, Setup, TestHost};
 
 fn both(pool_settings: &str) -> TestHost {
+    setup(pool_settings).start().unwrap()
+}
+
+fn setup(pool_settings: &str) -> Setup {
     Setup::new()
         .role(Role::AccountPool, fixtures::POOL, pool_settings)
         .role(Role::ProviderRetry, fixtures::RETRY, "")
-        .start()
-        .unwrap()
+}
+
+/// Both fixtures, the pool with a short wall-time deadline (`deadline-ms`), its database
+/// already created: creating one syncs files, which on a machine still writing out a
+/// build can take longer than that deadline by itself. Created under the default deadline,
+/// by one query, then the host restarts with the short one.
+async fn both_with_deadline(deadline_ms: u64) -> TestHost {
+    let mut host = both("");
+    host.set_setting(Role::ProviderRetry, "query-thread", "t1")
+        .await
+        .unwrap();
+    retry_tick(&host).await;
+    assert_eq!(
+        host.setting(Role::ProviderRetry, "answer").await.as_deref(),
+        Some("not-routed")
+    );
+    host.restart_as(setup(&format!("deadline-ms = {deadline_ms}")))
+        .await
+        .unwrap();
+    host
 }
 
 async fn retry_tick(host: &TestHost) {
@@ -98,7 +120,7 @@ async fn without_a_pool_availability_is_not_routed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_traps_or_overruns_answers_source_unavailable_and_the_next_query_works() {
-    let host = both("deadline-ms = 200");
+    let host = both_with_deadline(200).await;
     host.set_setting(Role::ProviderRetry, "query-thread", "trap")
         .await
         .unwrap();
@@ -132,7 +154,7 @@ async fn a_pool_that_traps_or_overruns_answers_source_unavailable_and_the_next_q
 /// query, and the next call works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_many_answers_in_order_or_source_unavailable_for_all() {
-    let host = both("deadline-ms = 200");
+    let host = both_with_deadline(200).await;
     let ask = async |threads: &str| {
         host.set_setting(Role::ProviderRetry, "query-thread", threads)
             .await
