@@ -26,18 +26,21 @@ fn setup(pool_settings: &str) -> Setup {
 /// by one query, then the host restarts with the short one.
 async fn both_with_deadline(deadline_ms: u64) -> TestHost {
     let mut host = both("");
-    host.set_setting(Role::ProviderRetry, "query-thread", "t1")
-        .await
-        .unwrap();
-    retry_tick(&host).await;
-    assert_eq!(
-        host.setting(Role::ProviderRetry, "answer").await.as_deref(),
-        Some("not-routed")
-    );
+    assert_eq!(ask(&host, "t1").await, "not-routed");
     host.restart_as(setup(&format!("deadline-ms = {deadline_ms}")))
         .await
         .unwrap();
     host
+}
+
+/// What Provider Retry's tick hears from the pool when it asks about `threads` (one, or
+/// several comma-separated through `query-many`), as the retry fixture records it.
+async fn ask(host: &TestHost, threads: &str) -> String {
+    host.set_setting(Role::ProviderRetry, "query-thread", threads)
+        .await
+        .unwrap();
+    retry_tick(host).await;
+    host.setting(Role::ProviderRetry, "answer").await.unwrap()
 }
 
 async fn retry_tick(host: &TestHost) {
@@ -121,32 +124,10 @@ async fn without_a_pool_availability_is_not_routed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_traps_or_overruns_answers_source_unavailable_and_the_next_query_works() {
     let host = both_with_deadline(200).await;
-    host.set_setting(Role::ProviderRetry, "query-thread", "trap")
-        .await
-        .unwrap();
-    retry_tick(&host).await;
-    assert_eq!(
-        host.setting(Role::ProviderRetry, "answer").await.as_deref(),
-        Some("unavailable:UnavailableReason::SourceUnavailable")
-    );
-
-    host.set_setting(Role::ProviderRetry, "query-thread", "spin")
-        .await
-        .unwrap();
-    retry_tick(&host).await;
-    assert_eq!(
-        host.setting(Role::ProviderRetry, "answer").await.as_deref(),
-        Some("unavailable:UnavailableReason::SourceUnavailable")
-    );
-
-    host.set_setting(Role::ProviderRetry, "query-thread", "t1")
-        .await
-        .unwrap();
-    retry_tick(&host).await;
-    assert_eq!(
-        host.setting(Role::ProviderRetry, "answer").await.as_deref(),
-        Some("not-routed")
-    );
+    let unavailable = "unavailable:UnavailableReason::SourceUnavailable";
+    assert_eq!(ask(&host, "trap").await, unavailable);
+    assert_eq!(ask(&host, "spin").await, unavailable);
+    assert_eq!(ask(&host, "t1").await, "not-routed");
 }
 
 /// `query-many` answers each query in order through one call into the pool; a pool that
@@ -155,13 +136,7 @@ async fn a_pool_that_traps_or_overruns_answers_source_unavailable_and_the_next_q
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_many_answers_in_order_or_source_unavailable_for_all() {
     let host = both_with_deadline(200).await;
-    let ask = async |threads: &str| {
-        host.set_setting(Role::ProviderRetry, "query-thread", threads)
-            .await
-            .unwrap();
-        retry_tick(&host).await;
-        host.setting(Role::ProviderRetry, "answer").await.unwrap()
-    };
+    let ask = |threads| ask(&host, threads);
     let unavailable = "unavailable:UnavailableReason::SourceUnavailable";
     assert_eq!(ask("t1,t2").await, "not-routed;not-routed");
     for broken in ["t1,trap", "spin,t1", "t1,short,t2"] {
