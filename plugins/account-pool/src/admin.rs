@@ -450,7 +450,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Admin<'a, D, U, E> {
         if a.kind == CredentialKind::OAuth
             && let Err(why) = self.engine.refresh_usage(a.provider, id, &s).await?
         {
-            return Err(AccountsError::UpstreamUnreachable(why));
+            return Err(AccountsError::UpstreamUnreachable(why.to_string()));
         }
         self.account_info(id)
     }
@@ -760,12 +760,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Admin<'a, D, U, E> {
                 let result = self.engine.refresh(a.provider, &a.id, &tokens, &s).await?;
                 let expired = a.token_expires_at.is_some_and(|t| t <= now);
                 if matches!(result, crate::engine::Refreshed::Refused(_)) && expired {
-                    // #6167: only an expired token with a refused refresh is an error.
-                    let text = "OAuth refresh failed and the access token has expired.";
-                    if self.store.set_error(&a.id, text)? {
-                        self.store
-                            .push_signal(a.provider, ChangeCause::ErrorSet, now)?;
-                    }
+                    self.refused_refresh_of_expired_token(&a, now)?;
                     continue;
                 }
             }
@@ -773,9 +768,25 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Admin<'a, D, U, E> {
                 .last_usage_at
                 .is_none_or(|t| now >= t + s.usage_refresh_ms)
             {
-                // A failed usage fetch is retried on a later tick; responses keep quota current.
-                let _ = self.engine.refresh_usage(a.provider, &a.id, &s).await?;
+                // A failed usage fetch is retried on a later tick; responses keep quota
+                // current. A refused access token gets one refresh first; a refused refresh
+                // of a token that has not expired flags the sign-in and keeps serving
+                // (#6167), as above.
+                let _ = self
+                    .engine
+                    .refresh_usage_signed_in(a.provider, &a.id, &s)
+                    .await?;
             }
+        }
+        Ok(())
+    }
+
+    /// #6167: only an expired token whose refresh was refused puts an account in error.
+    fn refused_refresh_of_expired_token(&self, a: &AccountState, now: u64) -> Result<(), DbError> {
+        let text = "OAuth refresh failed and the access token has expired.";
+        if self.store.set_error(&a.id, text)? {
+            self.store
+                .push_signal(a.provider, ChangeCause::ErrorSet, now)?;
         }
         Ok(())
     }

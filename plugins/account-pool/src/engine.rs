@@ -173,6 +173,32 @@ pub enum Refreshed {
     Transient(String),
 }
 
+/// Why an account's usage was not merged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsageFailure {
+    /// The usage endpoint refused the access token (HTTP 401).
+    Unauthorized(u16),
+    /// The token refresh that followed a 401 was refused with this status.
+    SignInRefused(u16),
+    /// Anything else (unreachable, another status, unreadable answer, no usage endpoint).
+    Other(String),
+}
+
+impl std::fmt::Display for UsageFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UsageFailure::Unauthorized(status) => {
+                write!(f, "usage endpoint refused the access token (HTTP {status})")
+            }
+            UsageFailure::SignInRefused(status) => write!(
+                f,
+                "usage endpoint refused the access token and the token refresh failed with HTTP {status}"
+            ),
+            UsageFailure::Other(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The engine, borrowing its capabilities for one call.
 pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log> {
     store: Store<'a, D>,
@@ -1073,11 +1099,46 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             if last.is_some_and(|t| now < t + EXHAUSTED_RECHECK_MS) {
                 continue;
             }
-            if self.refresh_usage(provider, &a.id, s).await?.is_ok() {
+            if self
+                .refresh_usage_signed_in(provider, &a.id, s)
+                .await?
+                .is_ok()
+            {
                 fetched = true;
             }
         }
         Ok(fetched)
+    }
+
+    /// [`Engine::refresh_usage`], and when the usage endpoint refuses the access token
+    /// (401), one token refresh and one more fetch with the new token. A refused refresh
+    /// is the caller's to judge ([`UsageFailure::SignInRefused`]).
+    pub async fn refresh_usage_signed_in(
+        &self,
+        provider: Provider,
+        id: &str,
+        s: &Settings,
+    ) -> Result<Result<(), UsageFailure>, DbError> {
+        match self.refresh_usage(provider, id, s).await? {
+            Err(UsageFailure::Unauthorized(status)) => {
+                let Some(Credential::OAuth(tokens)) = self.store.credential(id)? else {
+                    return Ok(Err(UsageFailure::Unauthorized(status)));
+                };
+                self.env.log(
+                    Level::Info,
+                    "Account Pooler usage endpoint refused the access token; refreshing it",
+                    &[("account", id.to_owned()), ("status", status.to_string())],
+                );
+                match self.refresh(provider, id, &tokens, s).await? {
+                    Refreshed::Tokens(_) => self.refresh_usage(provider, id, s).await,
+                    Refreshed::Refused(status) => Ok(Err(UsageFailure::SignInRefused(status))),
+                    Refreshed::Transient(detail) => Ok(Err(UsageFailure::Other(format!(
+                        "the token refresh after the usage endpoint's HTTP {status} did not complete: {detail}"
+                    )))),
+                }
+            }
+            other => Ok(other),
+        }
     }
 
     /// Fetch an OAuth account's usage from its provider's usage endpoint and merge it.
@@ -1088,9 +1149,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         provider: Provider,
         id: &str,
         s: &Settings,
-    ) -> Result<Result<(), String>, DbError> {
+    ) -> Result<Result<(), UsageFailure>, DbError> {
         let Some(Credential::OAuth(tokens)) = self.store.credential(id)? else {
-            return Ok(Err("API-key accounts have no usage endpoint".into()));
+            return Ok(Err(UsageFailure::Other(
+                "API-key accounts have no usage endpoint".into(),
+            )));
         };
         let now = self.env.now();
         self.store.set_last_usage(id, now)?;
@@ -1099,7 +1162,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         headers.push("accept", "application/json");
         let url = match provider {
             Provider::Claude => {
-                headers.push("anthropic-beta", "oauth-2025-04-20");
+                headers.push("anthropic-beta", http::OAUTH_BETA);
                 format!(
                     "{}/api/oauth/usage",
                     s.claude_upstream_url.trim_end_matches('/')
@@ -1122,19 +1185,28 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         };
         let mut response = match self.upstream.send(request).await {
             Ok(r) => r,
-            Err(TransportError(e)) => return Ok(Err(format!("usage endpoint unreachable: {e}"))),
+            Err(TransportError(e)) => {
+                return Ok(Err(UsageFailure::Other(format!(
+                    "usage endpoint unreachable: {e}"
+                ))));
+            }
         };
+        if response.status == 401 {
+            return Ok(Err(UsageFailure::Unauthorized(response.status)));
+        }
         if !(200..300).contains(&response.status) {
-            return Ok(Err(format!(
+            return Ok(Err(UsageFailure::Other(format!(
                 "usage endpoint answered HTTP {}",
                 response.status
-            )));
+            ))));
         }
         let body = stream::read_to_end(&mut response.body, 256 * 1024)
             .await
             .unwrap_or_default();
         let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body) else {
-            return Ok(Err("usage endpoint answered with unreadable JSON".into()));
+            return Ok(Err(UsageFailure::Other(
+                "usage endpoint answered with unreadable JSON".into(),
+            )));
         };
         let now = self.env.now();
         let obs = match provider {
@@ -1370,9 +1442,16 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             Credential::ApiKey(k) => headers.set("x-api-key", k.as_str()),
             Credential::OAuth(t) => {
                 headers.set("authorization", format!("Bearer {}", t.access_token));
-                if ctx.provider == Provider::Claude && headers.get("anthropic-beta").is_none() {
+                if ctx.provider == Provider::Claude {
                     // Subscription tokens are accepted on the Messages API only with this beta.
-                    headers.set("anthropic-beta", "oauth-2025-04-20");
+                    let betas = http::with_oauth_beta(
+                        ctx.req
+                            .headers
+                            .iter()
+                            .filter(|(n, _)| n.eq_ignore_ascii_case("anthropic-beta"))
+                            .map(|(_, v)| v),
+                    );
+                    headers.set("anthropic-beta", betas);
                 }
                 if let Some(acct) = &t.chatgpt_account_id {
                     headers.set("chatgpt-account-id", acct.as_str());

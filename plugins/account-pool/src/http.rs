@@ -176,6 +176,29 @@ pub fn forward_request_header(provider: Provider, name: &str) -> bool {
     }
 }
 
+/// The beta the Messages API requires before it accepts a subscription (OAuth) access token.
+pub const OAUTH_BETA: &str = "oauth-2025-04-20";
+
+/// The `anthropic-beta` value of a request sent with an OAuth access token: the client's
+/// betas (every `anthropic-beta` header, comma-separated, in order, each kept once) plus
+/// [`OAUTH_BETA`] at the end unless the client already listed it. Claude Code sends its own
+/// betas and never this one when it authenticates with `ANTHROPIC_AUTH_TOKEN`; without it
+/// the API answers 401 "OAuth authentication is currently not supported."
+pub fn with_oauth_beta<'a>(client: impl IntoIterator<Item = &'a str>) -> String {
+    let mut betas: Vec<&str> = Vec::new();
+    for value in client {
+        for beta in value.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+            if !betas.contains(&beta) {
+                betas.push(beta);
+            }
+        }
+    }
+    if !betas.contains(&OAUTH_BETA) {
+        betas.push(OAUTH_BETA);
+    }
+    betas.join(",")
+}
+
 /// Whether an upstream response header is passed to the client (hop-by-hop and framing
 /// headers are not: the host frames the body itself).
 pub fn forward_response_header(name: &str) -> bool {
@@ -370,6 +393,25 @@ mod tests {
         ];
         for (provider, base, path, query, want) in table {
             assert_eq!(upstream_url(provider, base, path, query), want);
+        }
+    }
+
+    #[test]
+    fn the_oauth_beta_joins_the_clients_betas_once_in_their_order() {
+        let claude_code = "claude-code-20250219,interleaved-thinking-2025-05-14,effort-2025-11-24";
+        let table: [(&[&str], &str); 6] = [
+            (&[], "oauth-2025-04-20"),
+            (
+                &[claude_code],
+                "claude-code-20250219,interleaved-thinking-2025-05-14,effort-2025-11-24,oauth-2025-04-20",
+            ),
+            (&["a, oauth-2025-04-20 ,b"], "a,oauth-2025-04-20,b"),
+            (&["a,b,a", "b,c"], "a,b,c,oauth-2025-04-20"),
+            (&["oauth-2025-04-20,oauth-2025-04-20"], "oauth-2025-04-20"),
+            (&[" , ,"], "oauth-2025-04-20"),
+        ];
+        for (client, want) in table {
+            assert_eq!(with_oauth_beta(client.iter().copied()), want, "{client:?}");
         }
     }
 

@@ -1482,6 +1482,52 @@ fn claude_forwarding_keeps_path_query_and_allowed_headers_only() {
     );
 }
 
+/// Claude Code sends its own `anthropic-beta` list; an OAuth account's request carries it
+/// plus the OAuth beta (once, the client's order kept), an API-key account's request carries
+/// it unchanged, and a request with no betas gets the OAuth beta alone on OAuth.
+#[test]
+fn an_oauth_request_adds_the_oauth_beta_to_the_clients_betas() {
+    let claude_code = "claude-code-20250219,interleaved-thinking-2025-05-14,effort-2025-11-24";
+    let p = Pool::new();
+    p.add_oauth(Provider::Claude, "o", "at-o", None);
+    let beta_of = |betas: Option<&str>| {
+        let mut req = p.claude_req(Some("S"), "m");
+        if let Some(b) = betas {
+            req.headers.push("anthropic-beta", b);
+        }
+        assert_eq!(p.send(req).status, 200);
+        let sent = p.up.last();
+        assert_eq!(sent.headers.get("authorization"), Some("Bearer at-o"));
+        let all: Vec<&str> = sent
+            .headers
+            .iter()
+            .filter(|(n, _)| *n == "anthropic-beta")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(all.len(), 1, "one anthropic-beta header: {all:?}");
+        all[0].to_string()
+    };
+    assert_eq!(
+        beta_of(Some(claude_code)),
+        format!("{claude_code},oauth-2025-04-20")
+    );
+    assert_eq!(beta_of(None), "oauth-2025-04-20");
+    assert_eq!(
+        beta_of(Some("oauth-2025-04-20,claude-code-20250219")),
+        "oauth-2025-04-20,claude-code-20250219"
+    );
+
+    let k = Pool::abc();
+    let mut req = k.claude_req(Some("S"), "m");
+    req.headers.push("anthropic-beta", claude_code);
+    assert_eq!(k.send(req).status, 200);
+    let sent = k.up.last();
+    assert_eq!(sent.headers.get("x-api-key"), Some("a"));
+    assert_eq!(sent.headers.get("anthropic-beta"), Some(claude_code));
+    assert!(k.send(k.claude_req(Some("S"), "m")).status == 200);
+    assert_eq!(k.up.last().headers.get("anthropic-beta"), None);
+}
+
 #[test]
 fn passed_through_statuses_are_returned_as_is() {
     let p = Pool::abc();
@@ -1681,6 +1727,59 @@ fn maintenance_refreshes_usage_and_expiring_tokens() {
     assert!(
         matches!(p.store().credential(&o).unwrap(), Some(Credential::OAuth(t)) if t.access_token == "at-2")
     );
+}
+
+/// The usage endpoint refusing the access token (401) leads to one token refresh and one
+/// more usage fetch with the new token; a refused refresh of a valid token flags the
+/// sign-in and keeps the account serving.
+#[test]
+fn a_usage_401_refreshes_the_token_once_and_fetches_again() {
+    let p = Pool::new();
+    let o = p.add_oauth(Provider::Claude, "o", "at-1", Some(T0 + 3_600_000));
+    p.up.set(
+        "token-endpoint",
+        Reply::Status(
+            200,
+            vec![],
+            r#"{"access_token":"at-2","expires_in":3600}"#.into(),
+        ),
+    );
+    p.up.push("usage", status(401));
+    p.up.set(
+        "usage",
+        Reply::Status(
+            200,
+            vec![],
+            json!({"five_hour": {"utilization": 40.0, "resets_at": "2023-11-15T00:00:00Z"}})
+                .to_string(),
+        ),
+    );
+    block_on(p.admin().tick(p.env.now())).unwrap();
+    assert_eq!(p.up.count("token-endpoint"), 1, "one refresh");
+    let usage = p.up.calls_to("usage");
+    assert_eq!(
+        usage.len(),
+        2,
+        "the refused fetch and one with the new token"
+    );
+    assert_eq!(usage[0].headers.get("authorization"), Some("Bearer at-1"));
+    assert_eq!(usage[1].headers.get("authorization"), Some("Bearer at-2"));
+    let info = p.admin().list(None).unwrap().remove(0);
+    assert_eq!(info.windows[0].utilization, Some(0.4));
+    assert!(info.error.is_none());
+
+    // A 401 again and the refresh refused while the token is still valid: the sign-in is
+    // flagged, the account keeps serving (#6167), and nothing is fetched a third time.
+    p.env.advance(20 * 60_000);
+    p.up.push("usage", status(401));
+    p.up.push("token-endpoint", status(400));
+    block_on(p.admin().tick(p.env.now())).unwrap();
+    assert_eq!(p.up.count("token-endpoint"), 2);
+    assert_eq!(p.up.count("usage"), 3);
+    let info = p.admin().list(None).unwrap().remove(0);
+    assert_eq!(info.id, o);
+    assert!(info.needs_sign_in);
+    assert!(info.error.is_none(), "{:?}", info.error);
 }
 
 /// A database that records the statements run on it.
