@@ -44,6 +44,7 @@ use tokio::sync::oneshot;
 
 use crate::fixtures::{ALT_RETRY, COMPILE_CACHE, RETRY};
 use crate::harness::{START_MS, Setup};
+use crate::provider::Contract;
 use crate::upstream::{FakeUpstream, Reply};
 
 /// The longest a test waits for real for something that happens at once (a safety net
@@ -51,20 +52,11 @@ use crate::upstream::{FakeUpstream, Reply};
 pub const SOON: Duration = Duration::from_secs(30);
 
 /// The API key of the pool's one account, as the fake upstream sees it.
-pub const API_KEY: &str = "key-a";
+pub const API_KEY: &str = "sk-ant-api03-key-a";
 
-/// A Claude streaming reply that completes with `text`.
+/// A Claude streaming reply that completes with `text` (the Messages API's full stream).
 pub fn success(text: &str) -> Reply {
-    let delta = format!(
-        r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{text:?}}}}}"#
-    );
-    Reply::sse()
-        .event(
-            "message_start",
-            r#"{"type":"message_start","message":{"id":"msg_1","role":"assistant"}}"#,
-        )
-        .event("content_block_delta", &delta)
-        .event("message_stop", r#"{"type":"message_stop"}"#)
+    crate::provider::claude::message(text)
 }
 
 /// A Claude error reply with `status` (no Retry-After).
@@ -140,7 +132,7 @@ impl CoreSetup {
     pub async fn start(self) -> CoreHost {
         let data = tempfile::tempdir().expect("a temporary data directory");
         let clock = ManualClock::new(START_MS);
-        let upstream = FakeUpstream::start().await;
+        let upstream = FakeUpstream::strict(Contract::Api).await;
         let config = self.config();
         let (host, link) = start_host(&config, &data, &clock);
         let mut h = CoreHost {

@@ -10,6 +10,7 @@ pub mod exports;
 pub mod harness;
 pub mod logs;
 pub mod pool;
+pub mod provider;
 pub mod threads;
 pub mod upstream;
 

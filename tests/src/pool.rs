@@ -32,6 +32,7 @@ use pooler_host::roles::Role;
 
 use crate::client::{Answer, TestClient};
 use crate::harness::{Setup, TestHost};
+use crate::provider::Contract;
 use crate::upstream::{FakeUpstream, Received};
 
 /// The thread whose route the pool opens at start.
@@ -43,9 +44,32 @@ pub const SOON: Duration = Duration::from_secs(20);
 /// The letters of the accounts, in the order added.
 pub const LETTERS: [&str; 3] = ["A", "B", "C"];
 
-/// The credential the fake upstream sees for account `letter` (`key-a`, `tok-a`).
+/// The lower-case letter that marks account `letter`'s secrets (`a` in `sk-ant-api03-key-a`).
 pub fn secret_of(letter: &str) -> String {
     letter.to_ascii_lowercase()
+}
+
+/// Account `letter`'s Claude API key, in the shape the Messages API accepts
+/// (`sk-ant-api03-key-a`).
+pub fn api_key(letter: &str) -> String {
+    format!("sk-ant-api03-key-{}", secret_of(letter))
+}
+
+/// Account `letter`'s OAuth access token: a Claude subscription token
+/// (`sk-ant-oat01-tok-a`), or a ChatGPT one (`tok-a`).
+pub fn access_token(provider: Provider, letter: &str) -> String {
+    match provider {
+        Provider::Claude => format!("sk-ant-oat01-tok-{}", secret_of(letter)),
+        Provider::Codex => format!("tok-{}", secret_of(letter)),
+    }
+}
+
+/// Account `letter`'s OAuth refresh token (`sk-ant-ort01-refresh-a`, or `refresh-a`).
+pub fn refresh_token(provider: Provider, letter: &str) -> String {
+    match provider {
+        Provider::Claude => format!("sk-ant-ort01-refresh-{}", secret_of(letter)),
+        Provider::Codex => format!("refresh-{}", secret_of(letter)),
+    }
 }
 
 /// The real pool in the real host, in front of a fake upstream.
@@ -86,11 +110,11 @@ impl PoolSetup {
         }
     }
 
-    /// Claude with API keys `key-a`, `key-b`, `key-c`.
+    /// Claude with API keys `sk-ant-api03-key-a`, `…-key-b`, `…-key-c`.
     pub fn claude_keys(n: usize) -> Self {
         let mut setup = Self::new(Provider::Claude);
         for letter in &LETTERS[..n] {
-            setup = setup.account(Credential::ApiKey(format!("key-{}", secret_of(letter))));
+            setup = setup.account(Credential::ApiKey(api_key(letter)));
         }
         setup
     }
@@ -117,8 +141,8 @@ impl PoolSetup {
     }
 
     pub async fn start(self) -> Pool {
-        let upstream = FakeUpstream::start().await;
-        let tokens = FakeUpstream::start().await;
+        let upstream = FakeUpstream::strict(Contract::Api).await;
+        let tokens = FakeUpstream::strict(Contract::TokenEndpoint).await;
         let mut host = self
             .setup
             .embedded(
@@ -163,14 +187,15 @@ impl PoolSetup {
     }
 }
 
-/// OAuth credentials `tok-<x>` / `refresh-<x>` (Codex: account id `acct-<x>`).
+/// OAuth credentials [`access_token`] / [`refresh_token`] of `letter` (Codex: account id
+/// `acct-<x>`).
 pub fn oauth(provider: Provider, letter: &str, expires_at: Option<u64>) -> Credential {
-    let x = secret_of(letter);
     Credential::Oauth(OauthCredential {
-        access_token: format!("tok-{x}"),
-        refresh_token: format!("refresh-{x}"),
+        access_token: access_token(provider, letter),
+        refresh_token: refresh_token(provider, letter),
         expires_at,
-        chatgpt_account_id: (provider == Provider::Codex).then(|| format!("acct-{x}")),
+        chatgpt_account_id: (provider == Provider::Codex)
+            .then(|| format!("acct-{}", secret_of(letter))),
     })
 }
 
@@ -292,19 +317,20 @@ impl Pool {
 
     // ---- what the upstream saw ----------------------------------------------------------
 
-    /// The letter of the account a received request used (`x-api-key: key-b` or
-    /// `Authorization: Bearer tok-b…` → `B`); `?` when none.
+    /// The letter of the account a received request used (`x-api-key: …key-b` or
+    /// `Authorization: Bearer …tok-b…` → `B`); `?` when none.
     pub fn letter(&self, received: &Received) -> String {
+        let marked = |secret: &str, mark: &str| -> Option<String> {
+            let at = secret.rfind(mark)? + mark.len();
+            secret.get(at..at + 1).map(str::to_owned)
+        };
         let credential = received
             .header("x-api-key")
-            .map(|k| k.trim_start_matches("key-").to_owned())
+            .and_then(|k| marked(k, "key-"))
             .or_else(|| {
-                received.header("authorization").map(|a| {
-                    a.trim_start_matches("Bearer tok-")
-                        .chars()
-                        .take(1)
-                        .collect()
-                })
+                received
+                    .header("authorization")
+                    .and_then(|a| marked(a, "tok-"))
             });
         credential
             .and_then(|c| LETTERS.iter().find(|l| secret_of(l) == c.as_str()))

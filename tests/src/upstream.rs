@@ -30,6 +30,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+use crate::provider::Contract;
+
 /// A pause point the test opens when it wants the stream to go on.
 #[derive(Clone)]
 pub struct Gate(Arc<watch::Sender<bool>>);
@@ -134,6 +136,11 @@ impl Reply {
         self.steps.push(Step::Disconnect);
         self
     }
+
+    /// The status this reply answers with (0 for a dropped connection).
+    pub fn status_code(&self) -> u16 {
+        self.status
+    }
 }
 
 /// A request the upstream received.
@@ -155,6 +162,10 @@ impl Received {
 }
 
 struct State {
+    /// The service whose rules a strict fake enforces before it answers from the script.
+    contract: Option<Contract>,
+    /// The refusals the rules gave: (path, status), in order.
+    refused: Mutex<Vec<(String, u16)>>,
     script: Mutex<VecDeque<Reply>>,
     default: Reply,
     received: Mutex<Vec<Received>>,
@@ -203,11 +214,35 @@ impl FakeUpstream {
 
     /// Start with `default` as the answer to unscripted requests.
     pub async fn start_with_default(default: Reply) -> FakeUpstream {
+        Self::launch(None, default).await
+    }
+
+    /// A strict fake of `contract`'s service: a request the real service would refuse gets
+    /// that refusal ([`crate::provider`]) and leaves the script alone; the others are
+    /// answered from the script, then with `200 ok`.
+    pub async fn strict(contract: Contract) -> FakeUpstream {
+        Self::launch(
+            Some(contract),
+            Reply::status(200)
+                .header("content-type", "text/plain")
+                .body("ok"),
+        )
+        .await
+    }
+
+    /// [`FakeUpstream::strict`] with `default` as the answer to unscripted requests.
+    pub async fn strict_with_default(contract: Contract, default: Reply) -> FakeUpstream {
+        Self::launch(Some(contract), default).await
+    }
+
+    async fn launch(contract: Option<Contract>, default: Reply) -> FakeUpstream {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the fake upstream");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State {
+            contract,
+            refused: Mutex::new(Vec::new()),
             script: Mutex::new(VecDeque::new()),
             default,
             received: Mutex::new(Vec::new()),
@@ -262,6 +297,11 @@ impl FakeUpstream {
         self.state.received.lock().unwrap().clone()
     }
 
+    /// The refusals a strict fake gave by its rules, as (path, status), in order.
+    pub fn refused(&self) -> Vec<(String, u16)> {
+        self.state.refused.lock().unwrap().clone()
+    }
+
     /// Wait until at least `n` requests have arrived.
     pub async fn wait_for_hits(&self, n: usize) {
         let mut rx = self.state.hits.subscribe();
@@ -279,34 +319,47 @@ async fn answer(
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
+    let received = Received {
+        method: parts.method.to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body,
+    };
+    let refusal = state
+        .contract
+        .and_then(|contract| crate::provider::refusal(contract, &received));
+    if let Some(refusal) = &refusal {
+        state
+            .refused
+            .lock()
+            .unwrap()
+            .push((received.path.clone(), refusal.status_code()));
+    }
     if state.recording.load(std::sync::atomic::Ordering::Relaxed) {
-        state.received.lock().unwrap().push(Received {
-            method: parts.method.to_string(),
-            path: parts
-                .uri
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default(),
-            headers: parts
-                .headers
-                .iter()
-                .map(|(n, v)| {
-                    (
-                        n.to_string(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
-                .collect(),
-            body,
-        });
+        state.received.lock().unwrap().push(received);
     }
     state.hits.send_modify(|n| *n += 1);
-    let reply = state
-        .script
-        .lock()
-        .unwrap()
-        .pop_front()
-        .unwrap_or_else(|| state.default.clone());
+    let reply = refusal.unwrap_or_else(|| {
+        state
+            .script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or_else(|| state.default.clone())
+    });
     if let Some(gate) = &reply.head_gate {
         gate.passed().await;
     }

@@ -29,6 +29,31 @@ fn new_tokens(access: &str, refresh: &str) -> String {
     format!(r#"{{"access_token":"{access}","refresh_token":"{refresh}","expires_in":3600}}"#)
 }
 
+/// A Claude Code request (its own `anthropic-beta` list, Bearer route token) on a Claude
+/// subscription (OAuth) account is served: the strict upstream, like the Messages API,
+/// refuses an OAuth access token without the OAuth beta, and the pool sends Claude Code's
+/// betas with the OAuth beta added once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_request_with_its_own_betas_is_served_on_an_oauth_account() {
+    let pool = PoolSetup::new(Provider::Claude)
+        .account(oauth(Provider::Claude, "A", None))
+        .start()
+        .await;
+    let betas = "claude-code-20250219,interleaved-thinking-2025-05-14,effort-2025-11-24";
+    let mut request = pool.messages("S");
+    request
+        .headers_mut()
+        .insert("anthropic-beta", betas.parse().unwrap());
+    let answer = pool.send(request).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(pool.upstream.refused(), []);
+    let sent = &pool.upstream.received()[0];
+    assert_eq!(
+        sent.header("anthropic-beta"),
+        Some(format!("{betas},oauth-2025-04-20").as_str())
+    );
+}
+
 /// AP-12 (#6167): a proactive refresh refused with 400 while the access token is still valid
 /// — the request is served with the current token, the account is not in error and shows
 /// the sign-in flag; once the token has expired and the refresh is still refused, the
@@ -43,13 +68,13 @@ async fn ap12_a_refused_refresh_of_a_valid_token_flags_the_account_but_keeps_it_
     pool.tokens.push(refused_grant());
     let answer = pool.send(pool.messages("S")).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!(bearers(&pool), ["Bearer tok-a"]);
+    assert_eq!(bearers(&pool), ["Bearer sk-ant-oat01-tok-a"]);
     let refresh = &pool.tokens.received()[0];
     assert_eq!(refresh.method, "POST");
     assert_eq!(refresh.path, "/oauth/token");
     let grant: serde_json::Value = serde_json::from_slice(&refresh.body).unwrap();
     assert_eq!(grant["grant_type"], "refresh_token");
-    assert_eq!(grant["refresh_token"], "refresh-a");
+    assert_eq!(grant["refresh_token"], "sk-ant-ort01-refresh-a");
     let a = pool.account("A").await;
     assert_eq!(a.status, AccountStatus::Ready);
     assert_eq!(a.error, None);
@@ -90,11 +115,14 @@ async fn ap13_an_oauth_401_refreshes_once_and_concurrent_requests_share_the_refr
     pool.tokens.push(
         Reply::status(200)
             .header("content-type", "application/json")
-            .body(new_tokens("tok-a2", "refresh-a2")),
+            .body(new_tokens("sk-ant-oat01-tok-a2", "sk-ant-ort01-refresh-a2")),
     );
     let answer = pool.send(pool.messages("S")).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!(bearers(&pool), ["Bearer tok-a", "Bearer tok-a2"]);
+    assert_eq!(
+        bearers(&pool),
+        ["Bearer sk-ant-oat01-tok-a", "Bearer sk-ant-oat01-tok-a2"]
+    );
     assert_eq!(pool.tokens.received().len(), 1);
     let a = pool.account("A").await;
     assert_eq!(a.status, AccountStatus::Ready);
@@ -102,7 +130,7 @@ async fn ap13_an_oauth_401_refreshes_once_and_concurrent_requests_share_the_refr
     assert!(!a.needs_sign_in);
     assert_eq!(pool.pinned("S").await.as_deref(), Some("A"));
 
-    // Two requests at once both get 401 for tok-a2; the token endpoint answers only when
+    // Two requests at once both get 401 for sk-ant-oat01-tok-a2; the token endpoint answers only when
     // the test says so.
     let gate = Gate::new();
     pool.upstream.push(reply(401, &[]));
@@ -111,7 +139,7 @@ async fn ap13_an_oauth_401_refreshes_once_and_concurrent_requests_share_the_refr
         Reply::status(200)
             .header("content-type", "application/json")
             .pause(&gate)
-            .body(new_tokens("tok-a3", "refresh-a3")),
+            .body(new_tokens("sk-ant-oat01-tok-a3", "sk-ant-ort01-refresh-a3")),
     );
     let mut tasks = Vec::new();
     for session in ["S", "S2"] {
@@ -147,14 +175,14 @@ async fn ap13_an_oauth_401_refreshes_once_and_concurrent_requests_share_the_refr
     );
     let refresh: serde_json::Value =
         serde_json::from_slice(&pool.tokens.received()[1].body).unwrap();
-    assert_eq!(refresh["refresh_token"], "refresh-a2");
+    assert_eq!(refresh["refresh_token"], "sk-ant-ort01-refresh-a2");
     assert_eq!(
         bearers(&pool)[2..],
         [
-            "Bearer tok-a2",
-            "Bearer tok-a2",
-            "Bearer tok-a3",
-            "Bearer tok-a3"
+            "Bearer sk-ant-oat01-tok-a2",
+            "Bearer sk-ant-oat01-tok-a2",
+            "Bearer sk-ant-oat01-tok-a3",
+            "Bearer sk-ant-oat01-tok-a3"
         ]
     );
     assert_eq!(pool.account("A").await.status, AccountStatus::Ready);
@@ -229,7 +257,12 @@ async fn ap15_only_an_open_routes_token_reaches_an_upstream() {
     assert_eq!(pool.hits(), 4);
     // No route token ever went upstream; each request carried an account key instead.
     for received in pool.upstream.received() {
-        assert!(received.header("x-api-key").unwrap().starts_with("key-"));
+        assert!(
+            received
+                .header("x-api-key")
+                .unwrap()
+                .starts_with("sk-ant-api03-key-")
+        );
         assert_eq!(received.header("authorization"), None);
     }
 }

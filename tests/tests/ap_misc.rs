@@ -290,7 +290,10 @@ async fn ap22_each_availability_change_reaches_the_listener_once_coalesced() {
     assert!(count >= 1, "setting up the pool was signalled");
 
     // Adding (and removing).
-    let d = pool.add(Credential::ApiKey("key-d".into())).await.unwrap();
+    let d = pool
+        .add(Credential::ApiKey("sk-ant-api03-key-d".into()))
+        .await
+        .unwrap();
     expect_one(&pool, &mut count, "ChangeCause::AccountAdded").await;
     pool.remove(&d.id).await.unwrap();
     expect_one(&pool, &mut count, "ChangeCause::AccountRemoved").await;
@@ -461,14 +464,20 @@ async fn ap23_admin_refuses_bad_orders_and_settings_and_never_shows_a_secret() {
     // Listing shows hints, never a secret.
     let listed = pool.list().await;
     let shown = format!("{listed:?}");
-    for secret in ["key-a", "key-b", "key-c", "tok-d", "refresh-d"] {
+    for secret in [
+        "sk-ant-api03-key-a",
+        "sk-ant-api03-key-b",
+        "sk-ant-api03-key-c",
+        "sk-ant-oat01-tok-d",
+        "sk-ant-ort01-refresh-d",
+    ] {
         assert!(!shown.contains(secret), "{secret} is listed: {shown}");
     }
     let hints: Vec<&str> = listed.iter().map(|a| a.secret_hint.as_str()).collect();
     assert_eq!(hints, ["…ey-c", "…ey-a", "oauth", "…ey-b"]);
 }
 
-/// AP-24: bad input — a non-JSON body and invalid session ids are forwarded as session-less
+/// AP-24: bad input — a non-JSON body (refused by the provider, passed through) and invalid session ids are forwarded as session-less
 /// requests; an oversized body, unknown paths, a wrong method and a route of the other
 /// provider get a clear error in Claude's shape from the pool without reaching an
 /// upstream; and the pool keeps serving.
@@ -476,11 +485,16 @@ async fn ap23_admin_refuses_bad_orders_and_settings_and_never_shows_a_secret() {
 async fn ap24_bad_input_gets_a_clear_answer_and_the_pool_keeps_serving() {
     let pool = Pool::claude().await;
 
-    // Not JSON: forwarded as is, session-less.
+    // Not JSON: forwarded as is, session-less; the provider's refusal is passed through.
     let answer = pool
         .send(pool.request("POST", "/v1/messages", "this is {not json"))
         .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert_eq!(
+        answer.header("x-pooler-origin"),
+        None,
+        "the provider's answer"
+    );
     assert_eq!(
         pool.upstream.received()[0].body.as_ref(),
         b"this is {not json"

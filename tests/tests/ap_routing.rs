@@ -400,6 +400,7 @@ async fn a_session_is_read_after_a_long_conversation_and_a_broken_body_has_none(
         let user_id = serde_json::json!({ "session_id": session }).to_string();
         serde_json::json!({
             "model": pooler_tests::pool::SONNET,
+            "max_tokens": 16,
             "messages": [{ "role": "user", "content": text }],
             "metadata": { "user_id": user_id },
         })
@@ -424,6 +425,15 @@ async fn a_session_is_read_after_a_long_conversation_and_a_broken_body_has_none(
     let answer = pool
         .send(pool.request("POST", "/v1/messages", broken))
         .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.status, 400,
+        "the provider refuses it: {}",
+        answer.body
+    );
+    assert_eq!(
+        answer.header("x-pooler-origin"),
+        None,
+        "forwarded, not refused by the pool"
+    );
     assert_eq!(pool.pinned("BROKEN").await, None);
 }

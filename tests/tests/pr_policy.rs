@@ -319,7 +319,7 @@ async fn pr_20_an_alternative_provider_retry_loads_by_configuration_and_receives
     );
     // The host's other calls reach it too: `on-start`, and the pool's availability change
     // (an account added), as recorded in its own database.
-    h.add_claude_key("key-b").await;
+    h.add_claude_key("sk-ant-api03-key-b").await;
     h.settle().await;
     let db = rusqlite::Connection::open(pooler_tests::harness::find_file(
         h.data.path(),
@@ -578,7 +578,7 @@ async fn pr_16_an_opted_out_thread_gets_no_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pr_18_explain_shows_every_decision_in_order() {
     let h = CoreSetup::new().real_retry().start().await;
-    let b = h.add_claude_key("key-b").await.id;
+    let b = h.add_claude_key("sk-ant-api03-key-b").await.id;
     h.disable_account(&b).await;
     let reset = h.now() + 2 * 3_600 * SECOND;
     let failure = reply(429, &pooler_tests::pool::five_hour_rejected(Some(reset)));

@@ -20,7 +20,7 @@ const JITTER: u64 = 30 * SECOND;
 
 /// The pool of the scenarios: A (the harness's account) and B, disabled. Returns B's id.
 async fn with_b_disabled(h: &CoreHost) -> String {
-    let b = h.add_claude_key("key-b").await;
+    let b = h.add_claude_key("sk-ant-api03-key-b").await;
     h.disable_account(&b.id).await;
     h.settle().await;
     b.id
@@ -103,7 +103,10 @@ async fn pr_1_enabling_an_account_sends_the_pending_retry_within_a_minute() {
     // Sent once, served by B, attempt 2; the thread is idle.
     assert_eq!(h.upstream_turns(), 2);
     let received = h.upstream.received();
-    assert_eq!(received.last().unwrap().header("x-api-key"), Some("key-b"));
+    assert_eq!(
+        received.last().unwrap().header("x-api-key"),
+        Some("sk-ant-api03-key-b")
+    );
     let turns = h.turns(&thread);
     assert_eq!(turns.len(), 2);
     let retry = &turns[1];
@@ -189,11 +192,11 @@ async fn pr_2_adding_clearing_and_threshold_changes_are_re_evaluated() {
     assert_eq!(h.upstream_turns(), 1);
     h.advance(Duration::from_secs(30)).await;
     let added_at = h.now();
-    h.add_claude_key("key-c").await;
+    h.add_claude_key("sk-ant-api03-key-c").await;
     h.settle().await;
     assert_eq!(
         sent_soon_after(&h, &thread, row.id, added_at).await,
-        "key-c"
+        "sk-ant-api03-key-c"
     );
 
     // Clearing an errored account: B enabled, then errored by another thread's 401, then
@@ -210,7 +213,10 @@ async fn pr_2_adding_clearing_and_threshold_changes_are_re_evaluated() {
     let other = h.new_thread().await;
     h.send(&other, "hello");
     h.settle().await;
-    assert_eq!(h.upstream.received()[1].header("x-api-key"), Some("key-b"));
+    assert_eq!(
+        h.upstream.received()[1].header("x-api-key"),
+        Some("sk-ant-api03-key-b")
+    );
     // B errored; the pool signals it on its maintenance tick: the row goes back to A's reset.
     h.maintenance_tick().await;
     let back = h.row(&thread);
@@ -227,7 +233,7 @@ async fn pr_2_adding_clearing_and_threshold_changes_are_re_evaluated() {
     h.settle().await;
     assert_eq!(
         sent_soon_after(&h, &thread, row.id, cleared_at).await,
-        "key-b"
+        "sk-ant-api03-key-b"
     );
 }
 
@@ -266,7 +272,7 @@ async fn pr_3_all_accounts_errored_is_watched_until_an_account_is_enabled() {
     assert_eq!(row.original_request, first);
     assert_eq!(
         sent_soon_after(&h, &thread, row.id, enabled_at).await,
-        "key-b"
+        "sk-ant-api03-key-b"
     );
 }
 
@@ -285,12 +291,12 @@ async fn pr_4_beyond_maximum_wait_is_watched_until_an_account_is_added() {
     h.advance(Duration::from_secs(600)).await;
     assert!(h.rows(&thread).is_empty());
     let added_at = h.now();
-    h.add_claude_key("key-c").await;
+    h.add_claude_key("sk-ant-api03-key-c").await;
     h.settle().await;
     let row = h.row(&thread);
     assert_eq!(
         sent_soon_after(&h, &thread, row.id, added_at).await,
-        "key-c"
+        "sk-ant-api03-key-c"
     );
 }
 
@@ -376,7 +382,7 @@ async fn pr_6_ten_pending_threads_are_released_staggered() {
         .iter()
         .map(|r| r.header("x-api-key").unwrap().to_owned())
         .collect();
-    assert!(keys.iter().all(|k| k == "key-b"), "{keys:?}");
+    assert!(keys.iter().all(|k| k == "sk-ant-api03-key-b"), "{keys:?}");
 }
 
 /// PR-7: Thread moved on: the thread completes a newer turn while its row waits → the row
@@ -428,7 +434,10 @@ async fn pr_8_a_later_reset_moves_the_row_later() {
     h.settle().await;
     let early = h.now() + HOUR;
     let (thread, _) = blocked_turn(&h, early).await;
-    assert_eq!(h.upstream.received()[1].header("x-api-key"), Some("key-b"));
+    assert_eq!(
+        h.upstream.received()[1].header("x-api-key"),
+        Some("sk-ant-api03-key-b")
+    );
     let row = h.row(&thread);
     assert!((early + BUFFER..early + BUFFER + JITTER).contains(&row.send_at));
 
@@ -558,6 +567,6 @@ async fn pr_10_the_tick_finds_a_recovery_no_signal_reported() {
     );
     assert_eq!(
         h.upstream.received().last().unwrap().header("x-api-key"),
-        Some("key-b")
+        Some("sk-ant-api03-key-b")
     );
 }
