@@ -144,6 +144,19 @@ const MIGRATIONS: &[&str] = &[
     r#"
     DROP INDEX queued_rows_by_send_at;
     "#,
+    // v4: agent threads. A thread names the agent that runs its turns (`http`: the built-in
+    // driver; `claude-code` / `codex`: the real CLI), the agent's own session id once its
+    // first turn printed one, the directory it runs in and the extra arguments it gets. A
+    // turn remembers whether its input is in the agent's session (a retry then continues
+    // the session instead of sending the input again).
+    r#"
+    ALTER TABLE threads ADD COLUMN agent TEXT NOT NULL DEFAULT 'http'
+        CHECK (agent IN ('http', 'claude-code', 'codex'));
+    ALTER TABLE threads ADD COLUMN agent_session TEXT;
+    ALTER TABLE threads ADD COLUMN cwd TEXT;
+    ALTER TABLE threads ADD COLUMN agent_args TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE turn_requests ADD COLUMN in_agent_session INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// Opens (creating if needed) the core database in `data_dir` and brings its schema up to

@@ -108,18 +108,83 @@ enum Progress {
     Failed(Failure),
 }
 
-/// What the stream told us so far.
-struct Stream<'a> {
+/// How a provider's stream ended, as far as a [`StreamWatch`] saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEnd {
+    /// No final event yet (still streaming, or it stopped without one).
+    Open,
+    /// The provider's final event (`message_stop`, `response.completed`).
+    Completed,
+    /// The stream carried a failure (an `error` event, `response.failed`, a refusal…).
+    Failed(Failure),
+}
+
+/// Reads a provider's server-sent-events stream as it passes: the reply text, whether the
+/// provider began answering (the input was accepted), and how the stream ended. The turn
+/// driver reads its own streams with it; the host's listener watches an agent CLI's
+/// streams through the pool with it, so both classify a stream the same way.
+pub struct StreamWatch {
     provider: Provider,
-    headers: &'a HeaderMap,
-    now: Timestamp,
+    headers: HeaderMap,
+    parser: SseParser,
     reply: String,
     accepted: bool,
     refused: bool,
+    end: StreamEnd,
 }
 
-impl Stream<'_> {
-    fn event(&mut self, sse: &SseEvent) -> Progress {
+impl StreamWatch {
+    /// A watch of a `provider` stream whose response head carried `headers`.
+    pub fn new(provider: Provider, headers: HeaderMap) -> Self {
+        StreamWatch {
+            provider,
+            headers,
+            parser: SseParser::new(),
+            reply: String::new(),
+            accepted: false,
+            refused: false,
+            end: StreamEnd::Open,
+        }
+    }
+
+    /// Feeds the next bytes of the stream, read at `now`. Bytes after the end are ignored.
+    pub fn push(&mut self, bytes: &[u8], now: Timestamp) {
+        if self.end != StreamEnd::Open {
+            return;
+        }
+        for event in self.parser.push(bytes) {
+            match self.event(&event, now) {
+                Progress::Continue => {}
+                Progress::Completed => self.end = StreamEnd::Completed,
+                Progress::Failed(failure) => self.end = StreamEnd::Failed(failure),
+            }
+            if self.end != StreamEnd::Open {
+                return;
+            }
+        }
+    }
+
+    /// The provider began answering: its first regular event arrived.
+    pub fn accepted(&self) -> bool {
+        self.accepted
+    }
+
+    /// How the stream ended so far.
+    pub fn end(&self) -> &StreamEnd {
+        &self.end
+    }
+
+    /// The reply text so far.
+    pub fn reply(&self) -> &str {
+        &self.reply
+    }
+
+    /// The response head's headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    fn event(&mut self, sse: &SseEvent, now: Timestamp) -> Progress {
         let data: Value = serde_json::from_str(&sse.data).unwrap_or(Value::Null);
         let kind = sse
             .event
@@ -134,12 +199,12 @@ impl Stream<'_> {
             self.accepted = true;
         }
         match self.provider {
-            Provider::Claude => self.claude_event(&kind, &data),
-            Provider::Codex => self.codex_event(&kind, &data),
+            Provider::Claude => self.claude_event(&kind, &data, now),
+            Provider::Codex => self.codex_event(&kind, &data, now),
         }
     }
 
-    fn claude_event(&mut self, kind: &str, data: &Value) -> Progress {
+    fn claude_event(&mut self, kind: &str, data: &Value, now: Timestamp) -> Progress {
         match kind {
             "content_block_delta" => {
                 let delta = &data["delta"];
@@ -160,19 +225,17 @@ impl Stream<'_> {
                 category: FailureCategory::Policy,
                 provider_code: Some("refusal".into()),
                 http_status: None,
-                origin: classify::origin_of(self.headers),
+                origin: classify::origin_of(&self.headers),
                 retry_after: None,
                 message: Some("the model refused to answer".into()),
             }),
             "message_stop" => Progress::Completed,
-            "error" => {
-                Progress::Failed(classify::claude_stream_error(self.headers, data, self.now))
-            }
+            "error" => Progress::Failed(classify::claude_stream_error(&self.headers, data, now)),
             _ => Progress::Continue,
         }
     }
 
-    fn codex_event(&mut self, kind: &str, data: &Value) -> Progress {
+    fn codex_event(&mut self, kind: &str, data: &Value, now: Timestamp) -> Progress {
         match kind {
             "response.output_text.delta" => {
                 if let Some(text) = data["delta"].as_str() {
@@ -182,7 +245,7 @@ impl Stream<'_> {
             }
             "response.completed" => Progress::Completed,
             "response.failed" | "error" => {
-                Progress::Failed(classify::codex_stream_error(self.headers, data, self.now))
+                Progress::Failed(classify::codex_stream_error(&self.headers, data, now))
             }
             "response.incomplete" => {
                 let reason = data["response"]["incomplete_details"]["reason"].as_str();
@@ -195,7 +258,7 @@ impl Stream<'_> {
                     category,
                     provider_code: reason.map(str::to_string),
                     http_status: None,
-                    origin: classify::origin_of(self.headers),
+                    origin: classify::origin_of(&self.headers),
                     retry_after: None,
                     message: Some("the response ended incomplete".into()),
                 })
@@ -329,14 +392,7 @@ impl TurnDriver {
         route: &Route,
         on_accepted: impl FnOnce() + Send,
     ) -> TurnOutcome {
-        let failed = |failure: Failure| TurnOutcome {
-            result: TurnResult::Failed {
-                failure,
-                partial_reply: String::new(),
-            },
-            input_accepted: false,
-            rate_limits: None,
-        };
+        let failed = TurnOutcome::failed;
         let request = match self.build_request(plan, route) {
             Ok(r) => r,
             Err(message) => return failed(classify::connection_failed(&message)),
@@ -377,68 +433,46 @@ impl TurnDriver {
         on_accepted: impl FnOnce() + Send,
     ) -> TurnOutcome {
         let (parts, mut body) = response.into_parts();
-        let mut stream = Stream {
-            provider,
-            headers: &parts.headers,
-            now: self.clock.now_ms(),
-            reply: String::new(),
-            accepted: false,
-            refused: false,
-        };
+        let mut watch = StreamWatch::new(provider, parts.headers);
         let mut on_accepted = Some(on_accepted);
-        let mut parser = SseParser::new();
-        let progress = 'read: loop {
+        let failed = loop {
             let frame = match self.within_idle(body.frame()).await {
-                None => {
-                    break Progress::Failed(classify::stream_disconnected(
-                        &parts.headers,
-                        "the stream stalled past the idle timeout",
-                    ));
-                }
-                Some(None) => {
-                    break Progress::Failed(classify::stream_disconnected(
-                        &parts.headers,
-                        "the stream ended before its final event",
-                    ));
-                }
-                Some(Some(Err(e))) => {
-                    break Progress::Failed(classify::stream_disconnected(
-                        &parts.headers,
-                        &error_chain(&e),
-                    ));
-                }
+                None => break Some("the stream stalled past the idle timeout".to_string()),
+                Some(None) => break Some("the stream ended before its final event".to_string()),
+                Some(Some(Err(e))) => break Some(error_chain(&e)),
                 Some(Some(Ok(frame))) => frame,
             };
             let Ok(data) = frame.into_data() else {
                 continue; // trailers carry nothing the turn needs
             };
-            stream.now = self.clock.now_ms();
-            for event in parser.push(&data) {
-                let progress = stream.event(&event);
-                if stream.accepted
-                    && let Some(callback) = on_accepted.take()
-                {
-                    callback();
-                }
-                if !matches!(progress, Progress::Continue) {
-                    break 'read progress;
-                }
+            watch.push(&data, self.clock.now_ms());
+            if watch.accepted()
+                && let Some(callback) = on_accepted.take()
+            {
+                callback();
+            }
+            if *watch.end() != StreamEnd::Open {
+                break None;
             }
         };
-        let result = match progress {
-            Progress::Completed => TurnResult::Succeeded {
-                reply: stream.reply,
+        let reply = watch.reply().to_string();
+        let result = match (failed, watch.end()) {
+            (Some(why), _) => TurnResult::Failed {
+                failure: classify::stream_disconnected(watch.headers(), &why),
+                partial_reply: reply,
             },
-            Progress::Failed(failure) => TurnResult::Failed {
-                failure,
-                partial_reply: stream.reply,
+            (None, StreamEnd::Failed(failure)) => TurnResult::Failed {
+                failure: failure.clone(),
+                partial_reply: reply,
             },
-            Progress::Continue => unreachable!("the read loop only ends on completion or failure"),
+            (None, _) => TurnResult::Succeeded { reply },
         };
         TurnOutcome {
             result,
-            input_accepted: stream.accepted,
+            input_accepted: watch.accepted(),
             rate_limits,
+            agent_session: None,
+            input_in_session: false,
         }
     }
 

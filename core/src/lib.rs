@@ -15,6 +15,7 @@
 //! | [`ratelimit`]| rate-limit snapshots from response headers |
 //! | [`sse`]      | the server-sent-events parser the driver reads streams with |
 //! | [`driver`]   | the turn driver: one streaming provider request per turn |
+//! | [`agent`]    | agent CLIs (Claude Code, Codex) as turn runners: command lines, output, outcomes |
 //!
 //! # How the host uses it
 //!
@@ -36,6 +37,7 @@
 //! send-now:     core.send_now(thread, now) → run the returned plan (no gates)
 //! ```
 
+pub mod agent;
 pub mod classify;
 pub mod clock;
 pub mod db;

@@ -61,6 +61,29 @@ wire_enum! {
 }
 
 wire_enum! {
+    /// What runs a thread's turns.
+    pub enum Agent {
+        /// The host's built-in driver: one streaming request per turn, sent by the host.
+        Http => "http",
+        /// The real Claude Code CLI (`claude -p`), one process per turn.
+        ClaudeCode => "claude-code",
+        /// The real Codex CLI (`codex exec`), one process per turn.
+        Codex => "codex",
+    }
+}
+
+impl Agent {
+    /// The provider an agent CLI talks to (`None` for the HTTP driver, which serves both).
+    pub fn provider(self) -> Option<Provider> {
+        match self {
+            Agent::Http => None,
+            Agent::ClaudeCode => Some(Provider::Claude),
+            Agent::Codex => Some(Provider::Codex),
+        }
+    }
+}
+
+wire_enum! {
     /// A thread's status (WIT `thread-status`).
     pub enum ThreadStatus {
         /// No turn running; the last turn succeeded (or none ran).
@@ -333,6 +356,27 @@ pub struct Exchange {
     pub assistant: String,
 }
 
+/// How a thread's turns are run: the agent, and what an agent CLI needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct AgentSpec {
+    pub agent: Agent,
+    /// The directory the agent runs in; `None`: the host picks one per thread.
+    pub cwd: Option<String>,
+    /// Extra command-line arguments for the agent CLI (after the host's own).
+    pub args: Vec<String>,
+}
+
+impl Default for AgentSpec {
+    fn default() -> Self {
+        AgentSpec {
+            agent: Agent::Http,
+            cwd: None,
+            args: Vec::new(),
+        }
+    }
+}
+
 /// A turn the host must now run: the core has marked it started and the thread active.
 /// Hand it to [`crate::driver::TurnDriver`] and record the outcome with
 /// [`crate::Core::record_outcome`].
@@ -354,6 +398,10 @@ pub struct TurnPlan {
     pub route: Option<Route>,
     /// Earlier exchanges of the thread whose input the provider accepted, oldest first.
     pub history: Vec<Exchange>,
+    /// What runs the turn.
+    pub agent: AgentSpec,
+    /// The agent's own session id, once an earlier turn printed one: this turn resumes it.
+    pub agent_session: Option<String>,
 }
 
 /// How a turn ended, as the driver reports it.
@@ -364,6 +412,27 @@ pub struct TurnOutcome {
     pub input_accepted: bool,
     /// Rate-limit state read from the response headers, if they carried any.
     pub rate_limits: Option<RateLimitSnapshot>,
+    /// The agent's session id, when an agent CLI printed one (recorded on the thread).
+    pub agent_session: Option<String>,
+    /// The turn's input is now part of the agent's session, whatever the outcome (a retry
+    /// continues the session instead of sending the input again).
+    pub input_in_session: bool,
+}
+
+impl TurnOutcome {
+    /// A failure before anything was sent or accepted.
+    pub fn failed(failure: Failure) -> TurnOutcome {
+        TurnOutcome {
+            result: TurnResult::Failed {
+                failure,
+                partial_reply: String::new(),
+            },
+            input_accepted: false,
+            rate_limits: None,
+            agent_session: None,
+            input_in_session: false,
+        }
+    }
 }
 
 /// Success with the reply, or failure with its description.
@@ -404,6 +473,12 @@ pub struct ThreadView {
     pub info: ThreadInfo,
     pub session_id: String,
     pub created_at: Timestamp,
+    /// What runs the thread's turns.
+    pub agent: Agent,
+    /// The agent CLI's own session id, once its first turn printed one.
+    pub agent_session: Option<String>,
+    /// The directory an agent CLI runs in, when the thread names one.
+    pub cwd: Option<String>,
 }
 
 /// One entry of the queue's history (what happened to rows, and who did it).

@@ -470,8 +470,9 @@ fn dispatch_row(
         .ok_or_else(|| CoreError::NoSuchRequest(live.row.failed_request.clone()))?;
     // The failed request's own input, not attempt 1's: when an earlier attempt of the chain
     // was accepted, the failed one was already "Please continue.", and the original input
-    // is in the replayed history.
-    let input = if failed.input_accepted {
+    // is in the replayed history. An agent CLI keeps the input in its own session even when
+    // the provider refused it: resending it would put the person's message there twice.
+    let input = if failed.input_accepted || failed.in_agent_session {
         CONTINUE_INPUT.to_string()
     } else {
         failed.input.clone()
@@ -557,6 +558,8 @@ mod tests {
             },
             input_accepted: false,
             rate_limits: None,
+            agent_session: None,
+            input_in_session: false,
         };
         for i in 0..n {
             let thread = core.new_thread(Provider::Claude, None, None).unwrap();

@@ -167,6 +167,8 @@ pub(crate) struct ThreadRow {
     pub session_id: String,
     pub route: Option<Route>,
     pub created_at: Timestamp,
+    pub agent: AgentSpec,
+    pub agent_session: Option<String>,
 }
 
 fn bad_text(col: usize, what: &str) -> rusqlite::Error {
@@ -201,7 +203,8 @@ fn json_col<T: serde::de::DeserializeOwned>(
 }
 
 const THREAD_COLUMNS: &str = "id, provider, model, status, archived, retry_opt_out, session_id, \
-                              route_base_url, route_token, created_at";
+                              route_base_url, route_token, created_at, agent, cwd, agent_args, \
+                              agent_session";
 
 fn thread_from_row(row: &Row<'_>) -> rusqlite::Result<ThreadRow> {
     let base: Option<String> = row.get(7)?;
@@ -218,6 +221,12 @@ fn thread_from_row(row: &Row<'_>) -> rusqlite::Result<ThreadRow> {
             _ => None,
         },
         created_at: row.get(9)?,
+        agent: AgentSpec {
+            agent: parse_col(row, 10, Agent::parse, "agent")?,
+            cwd: row.get(11)?,
+            args: json_col(row, 12)?.unwrap_or_default(),
+        },
+        agent_session: row.get(13)?,
     })
 }
 
@@ -295,12 +304,14 @@ pub(crate) struct RequestRow {
     pub started_at: Option<Timestamp>,
     pub finished_at: Option<Timestamp>,
     pub input_accepted: bool,
+    /// The input is in the agent's session (agent threads).
+    pub in_agent_session: bool,
 }
 
 pub(crate) fn load_request(conn: &Connection, id: &str) -> rusqlite::Result<Option<RequestRow>> {
     conn.row(
         "SELECT id, thread_id, input, original_request, attempt, started_at, finished_at,
-                input_accepted
+                input_accepted, in_agent_session
          FROM turn_requests WHERE id = ?1",
         [id],
         |r| {
@@ -313,6 +324,7 @@ pub(crate) fn load_request(conn: &Connection, id: &str) -> rusqlite::Result<Opti
                 started_at: r.get(5)?,
                 finished_at: r.get(6)?,
                 input_accepted: r.get(7)?,
+                in_agent_session: r.get(8)?,
             })
         },
     )

@@ -65,13 +65,36 @@ impl Core {
         model: Option<&str>,
         route: Option<Route>,
     ) -> Result<(), CoreError> {
+        self.new_agent_thread(id, provider, model, route, &AgentSpec::default())
+    }
+
+    /// [`Core::new_thread_with_id`] for a thread whose turns `agent` runs. An agent CLI
+    /// serves one provider: naming another is refused.
+    pub fn new_agent_thread(
+        &self,
+        id: &str,
+        provider: Provider,
+        model: Option<&str>,
+        route: Option<Route>,
+        agent: &AgentSpec,
+    ) -> Result<(), CoreError> {
         validate_text("a thread id", id)?;
+        if let Some(serves) = agent.agent.provider()
+            && serves != provider
+        {
+            return Err(CoreError::InvalidArgument(format!(
+                "the {} agent talks to {serves}, not {provider}",
+                agent.agent
+            )));
+        }
+        let args =
+            serde_json::to_string(&agent.args).map_err(|e| CoreError::Storage(e.to_string()))?;
         let now = self.now();
         self.write(|tx| {
             tx.exec(
                 "INSERT INTO threads (id, provider, model, session_id, route_base_url,
-                                      route_token, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                                      route_token, created_at, updated_at, agent, cwd, agent_args)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10)",
                 params![
                     id,
                     provider.as_str(),
@@ -79,13 +102,31 @@ impl Core {
                     ids::new_session_id(),
                     route.as_ref().map(|r| r.base_url.as_str()),
                     route.as_ref().map(|r| r.token.as_str()),
-                    now
+                    now,
+                    agent.agent.as_str(),
+                    agent.cwd,
+                    args
                 ],
             )?;
             Ok::<_, CoreError>(())
         })?;
-        tracing::info!(thread = %id, %provider, routed = route.is_some(), "thread created");
+        tracing::info!(thread = %id, %provider, agent = %agent.agent, routed = route.is_some(), "thread created");
         Ok(())
+    }
+
+    /// Records the agent session of a thread as soon as the agent names it (before its
+    /// turn ends, so a crash mid-turn still resumes the same session).
+    pub fn set_agent_session(&self, thread: &str, session: &str) -> Result<(), CoreError> {
+        validate_text("an agent session id", session)?;
+        let now = self.now();
+        self.write(|tx| {
+            require_thread(tx, thread)?;
+            tx.exec(
+                "UPDATE threads SET agent_session = ?2, updated_at = ?3 WHERE id = ?1",
+                params![thread, session, now],
+            )?;
+            Ok(())
+        })
     }
 
     /// Replaces (or removes) a thread's pool route.
@@ -346,6 +387,8 @@ impl Core {
                     },
                     input_accepted,
                     rate_limits: None,
+                    agent_session: None,
+                    input_in_session: false,
                 };
                 finish_turn(tx, &request, &outcome, now)?;
                 report.interrupted_turns.push(request);
@@ -368,6 +411,9 @@ fn view(conn: &Connection, t: &ThreadRow) -> Result<ThreadView, CoreError> {
             .ok_or_else(|| CoreError::NoSuchThread(t.id.clone()))?,
         session_id: t.session_id.clone(),
         created_at: t.created_at,
+        agent: t.agent.agent,
+        agent_session: t.agent_session.clone(),
+        cwd: t.agent.cwd.clone(),
     })
 }
 
@@ -410,6 +456,8 @@ pub(crate) fn start_request(
         trigger: TurnTrigger::parse(&trigger).unwrap_or(TurnTrigger::User),
         route: t.route,
         history,
+        agent: t.agent,
+        agent_session: t.agent_session,
     })
 }
 
@@ -427,6 +475,20 @@ fn finish_turn(
     let thread = require_thread(tx, &req.thread)?;
     // Acceptance noted during the turn stays true even if the driver's report lost it.
     let input_accepted = outcome.input_accepted || req.input_accepted;
+    if let Some(session) = outcome.agent_session.as_deref().filter(|s| !s.is_empty())
+        && thread.agent_session.as_deref() != Some(session)
+    {
+        tx.exec(
+            "UPDATE threads SET agent_session = ?2 WHERE id = ?1",
+            params![thread.id, session],
+        )?;
+    }
+    if outcome.input_in_session {
+        tx.exec(
+            "UPDATE turn_requests SET in_agent_session = 1 WHERE id = ?1",
+            [request],
+        )?;
+    }
 
     if let Some(snapshot) = &outcome.rate_limits {
         tx.exec(

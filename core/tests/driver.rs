@@ -260,6 +260,8 @@ fn plan(provider: Provider) -> TurnPlan {
         trigger: TurnTrigger::User,
         route: None,
         history: vec![],
+        agent: AgentSpec::default(),
+        agent_session: None,
     }
 }
 

@@ -394,6 +394,47 @@ fn dispatch_sends_please_continue_when_the_provider_had_accepted_the_input() {
     );
 }
 
+/// An agent CLI keeps a refused input in its session: the retry resumes that session with
+/// a continuation, never the input again, and the thread keeps the agent's session id.
+#[test]
+fn an_agent_retry_continues_the_session_that_holds_the_refused_input() {
+    let f = Fixture::new();
+    let spec = AgentSpec {
+        agent: Agent::ClaudeCode,
+        cwd: Some("/work/repo".into()),
+        args: vec!["--verbose".into()],
+    };
+    assert!(matches!(
+        f.core
+            .new_agent_thread("th_wrong", Provider::Codex, None, Some(route()), &spec),
+        Err(CoreError::InvalidArgument(_))
+    ));
+    f.core
+        .new_agent_thread("th_agent", Provider::Claude, None, Some(route()), &spec)
+        .unwrap();
+    f.core.send("th_agent", "fix the build").unwrap();
+    let first = f.core.start_turns().unwrap().remove(0);
+    assert_eq!(first.agent, spec);
+    assert_eq!(first.agent_session, None, "a first turn starts a session");
+    let mut refused = failed_outcome(false);
+    refused.agent_session = Some("sess-1".into());
+    refused.input_in_session = true;
+    f.core.record_outcome(&first.request, &refused).unwrap();
+    let view = f.core.show("th_agent").unwrap().thread;
+    assert_eq!(view.agent, Agent::ClaudeCode);
+    assert_eq!(view.agent_session.as_deref(), Some("sess-1"));
+    assert_eq!(view.cwd.as_deref(), Some("/work/repo"));
+
+    f.core
+        .schedule_retry("th_agent", &first.request, T0, "r")
+        .unwrap();
+    let claim = f.core.claim_due(f.now()).unwrap().remove(0);
+    let retry = f.core.dispatch(&claim).unwrap();
+    assert_eq!(retry.input, CONTINUE_INPUT, "the input is in the session already");
+    assert_eq!(retry.agent_session.as_deref(), Some("sess-1"));
+    assert_eq!(retry.attempt, 2);
+}
+
 #[test]
 fn a_retry_of_a_retry_points_at_the_original_with_the_next_attempt() {
     let f = Fixture::new();

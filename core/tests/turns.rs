@@ -111,6 +111,8 @@ fn a_failure_marks_the_thread_error_and_writes_a_complete_turn_failed_event() {
                 result: TurnResult::Succeeded { reply: "ok".into() },
                 input_accepted: true,
                 rate_limits: Some(snapshot.clone()),
+                agent_session: None,
+                input_in_session: false,
             },
         )
         .unwrap();

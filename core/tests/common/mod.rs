@@ -106,6 +106,8 @@ impl Fixture {
                     },
                     input_accepted: true,
                     rate_limits: None,
+                    agent_session: None,
+                    input_in_session: false,
                 },
             )
             .unwrap()
@@ -142,5 +144,7 @@ pub fn failed_outcome(input_accepted: bool) -> TurnOutcome {
         },
         input_accepted,
         rate_limits: None,
+        agent_session: None,
+        input_in_session: false,
     }
 }

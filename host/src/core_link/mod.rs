@@ -922,6 +922,8 @@ fn unroutable(why: &str) -> TurnOutcome {
         },
         input_accepted: false,
         rate_limits: None,
+        agent_session: None,
+        input_in_session: false,
     }
 }
 
