@@ -430,7 +430,10 @@ fn an_agent_retry_continues_the_session_that_holds_the_refused_input() {
         .unwrap();
     let claim = f.core.claim_due(f.now()).unwrap().remove(0);
     let retry = f.core.dispatch(&claim).unwrap();
-    assert_eq!(retry.input, CONTINUE_INPUT, "the input is in the session already");
+    assert_eq!(
+        retry.input, CONTINUE_INPUT,
+        "the input is in the session already"
+    );
     assert_eq!(retry.agent_session.as_deref(), Some("sess-1"));
     assert_eq!(retry.attempt, 2);
 }

@@ -20,6 +20,11 @@
 //! concurrency-limit = 4           # turns at once; stored in the core database
 //! retry-tick-s = 10               # Provider Retry's on-tick interval (0: never)
 //! turn-idle-timeout-s = 300       # silence after which a running turn fails
+//!
+//! [agents]
+//! claude-code = "/usr/local/bin/claude"   # else $POOLER_CLAUDE_CODE_BIN, else `claude` on PATH
+//! codex = "/usr/local/bin/codex"          # else $POOLER_CODEX_BIN, else `codex` on PATH
+//! turn-time-limit-s = 1800                # an agent turn's process is killed after this
 //! ```
 
 use std::collections::BTreeMap;
@@ -44,6 +49,38 @@ pub struct Config {
     pub maintenance: MaintenanceConfig,
     #[serde(default)]
     pub core: CoreConfig,
+    #[serde(default)]
+    pub agents: AgentsConfig,
+}
+
+/// `[agents]`: the agent CLIs that run agent threads' turns.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AgentsConfig {
+    /// The Claude Code binary. Else `POOLER_CLAUDE_CODE_BIN`, else `claude` on `PATH`.
+    #[serde(default)]
+    pub claude_code: Option<PathBuf>,
+    /// The Codex CLI binary. Else `POOLER_CODEX_BIN`, else `codex` on `PATH`.
+    #[serde(default)]
+    pub codex: Option<PathBuf>,
+    /// Real seconds an agent turn may run before its process group is killed (the turn
+    /// then fails and may be retried).
+    #[serde(default = "default_turn_time_limit_s")]
+    pub turn_time_limit_s: u64,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            claude_code: None,
+            codex: None,
+            turn_time_limit_s: default_turn_time_limit_s(),
+        }
+    }
+}
+
+fn default_turn_time_limit_s() -> u64 {
+    30 * 60
 }
 
 /// `[core]`: the threads, turns and retry queue the host plays.
@@ -288,6 +325,17 @@ impl Config {
         if self.server.max_body_bytes == 0 {
             bail!("server.max-body-bytes must be positive");
         }
+        if self.agents.turn_time_limit_s == 0 {
+            bail!("agents.turn-time-limit-s must be positive");
+        }
+        for (key, path) in [
+            ("claude-code", &self.agents.claude_code),
+            ("codex", &self.agents.codex),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                bail!("agents.{key} is empty: give the path of the binary, or leave it out");
+            }
+        }
         Ok(())
     }
 }
@@ -336,6 +384,28 @@ mod tests {
         assert!(err.to_string().contains("deadline"), "{err}");
         let err = Config::parse("[plugins.acount-pool]\n").unwrap_err();
         assert!(err.to_string().contains("acount-pool"), "{err}");
+    }
+
+    #[test]
+    fn the_agents_table_names_binaries_and_a_positive_time_limit() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config.agents.turn_time_limit_s, 1800);
+        assert_eq!(config.agents.claude_code, None);
+        let config =
+            Config::parse("[agents]\nclaude-code = \"/opt/claude\"\nturn-time-limit-s = 60\n")
+                .unwrap();
+        assert_eq!(
+            config.agents.claude_code,
+            Some(PathBuf::from("/opt/claude"))
+        );
+        assert_eq!(config.agents.turn_time_limit_s, 60);
+        for bad in ["turn-time-limit-s = 0", "codex = \"\"", "claud = \"x\""] {
+            let err = Config::parse(&format!("[agents]\n{bad}\n")).unwrap_err();
+            assert!(
+                err.to_string().contains("agents") || err.to_string().contains("claud"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -51,6 +51,7 @@ pub mod roles;
 pub mod runtime;
 pub mod server;
 pub mod state;
+pub mod tap;
 
 /// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48
 /// has its own error type; its `anyhow` conversion feature is not enabled here).

@@ -164,6 +164,8 @@ pub(crate) struct Shared {
     pub(crate) changes: Arc<ChangeQueue>,
     /// The core, when the host runs with one (`core_link::CoreLink::attach`).
     pub(crate) core: std::sync::OnceLock<Arc<crate::core_link::CoreLink>>,
+    /// The routes whose answers the listener records (agent turns running).
+    pub(crate) taps: Arc<crate::tap::Taps>,
 }
 
 impl Drop for Shared {
@@ -394,9 +396,15 @@ impl Host {
             retry,
             changes: changes.clone(),
             core: std::sync::OnceLock::new(),
+            taps: Arc::default(),
         });
         tokio::spawn(crate::mediator::deliver(changes, Arc::downgrade(&shared)));
         Ok(Host { shared })
+    }
+
+    /// The routes whose answers the listener records while agent turns run.
+    pub fn taps(&self) -> &Arc<crate::tap::Taps> {
+        &self.shared.taps
     }
 
     /// Whether a plugin fills `role`.

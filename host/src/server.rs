@@ -227,12 +227,23 @@ async fn handle(
             "no plugin fills the account-pool role",
         );
     }
-    host.handle_http(req.map(|body| LimitedBody {
-        inner: body,
-        remaining: limit,
-        limit,
-    }))
-    .await
+    // An agent turn's requests: the answers are recorded for its failure description.
+    let recorder = host.taps().find(req.headers());
+    let response = host
+        .handle_http(req.map(|body| LimitedBody {
+            inner: body,
+            remaining: limit,
+            limit,
+        }))
+        .await;
+    match recorder {
+        None => response,
+        Some(recorder) => {
+            let (parts, body) = response.into_parts();
+            let body = recorder.head(parts.status.as_u16(), &parts.headers, host.clock(), body);
+            Response::from_parts(parts, body.boxed_unsync())
+        }
+    }
 }
 
 /// A request body that fails once more than `limit` bytes have arrived (for bodies without

@@ -152,6 +152,8 @@ fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_afte
             },
             input_accepted: false,
             rate_limits: None,
+            agent_session: None,
+            input_in_session: false,
         };
         core.record_outcome(&failed, &outcome).unwrap();
         core.schedule_retry(&thread, &failed, clock.now_ms(), "retry now")

@@ -79,6 +79,8 @@ enum RetryRole {
 pub struct CoreSetup {
     retry: RetryRole,
     core: String,
+    agents: String,
+    account: bool,
 }
 
 impl Default for CoreSetup {
@@ -93,7 +95,22 @@ impl CoreSetup {
         CoreSetup {
             retry: RetryRole::Fixture,
             core: String::new(),
+            agents: String::new(),
+            account: true,
         }
+    }
+
+    /// A line of the `[agents]` table (e.g. `claude-code = "/path"`).
+    pub fn agents(mut self, line: &str) -> Self {
+        self.agents.push_str(line);
+        self.agents.push('\n');
+        self
+    }
+
+    /// Start with no account in the pool (the test adds its own).
+    pub fn without_account(mut self) -> Self {
+        self.account = false;
+        self
     }
 
     /// The real Provider Retry instead of the fixture.
@@ -123,7 +140,7 @@ impl CoreSetup {
             RetryRole::Embedded => setup.embedded(Role::ProviderRetry, ""),
             RetryRole::Alternative => setup.role(Role::ProviderRetry, ALT_RETRY, ""),
         };
-        let setup = setup.config(&format!("[core]\n{}", self.core));
+        let setup = setup.config(&format!("[core]\n{}\n[agents]\n{}", self.core, self.agents));
         Config::parse(&setup.toml()).expect("a valid test configuration")
     }
 
@@ -151,13 +168,15 @@ impl CoreSetup {
         // once, so the core sees and classifies it.
         h.set_pool("inline-wait", "0s").await;
         h.set_pool("transient-retries", "0").await;
-        let account = NewAccount {
-            provider: wit::Provider::Claude,
-            credential: Credential::ApiKey(API_KEY.into()),
-            label: None,
-            priority: None,
-        };
-        h.add_account(account).await;
+        if self.account {
+            let account = NewAccount {
+                provider: wit::Provider::Claude,
+                credential: Credential::ApiKey(API_KEY.into()),
+                label: None,
+                priority: None,
+            };
+            h.add_account(account).await;
+        }
         h.settle().await;
         h
     }
@@ -167,7 +186,7 @@ fn start_host(config: &Config, data: &TempDir, clock: &Arc<ManualClock>) -> (Hos
     let link = CoreLink::open(
         data.path(),
         clock.clone(),
-        CoreOptions::from_config(&config.core),
+        CoreOptions::from_host_config(config),
     )
     .expect("open the core");
     let host = Host::new(HostOptions {

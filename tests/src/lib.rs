@@ -3,6 +3,7 @@
 //! scripted fake upstream HTTP server on 127.0.0.1, a small HTTP client, a fake `threads`
 //! service and a capture of the host's log lines.
 
+pub mod agents;
 pub mod bench;
 pub mod client;
 pub mod core;

@@ -4,7 +4,7 @@
 //!
 //! | method and path                   | body                        | answer |
 //! |-----------------------------------|-----------------------------|--------|
-//! | `POST /threads`                   | `{text, provider?, model?}` | 201 `{"thread": view, "request": id}` |
+//! | `POST /threads`                   | `{text, provider?, model?, agent?, cwd?, args?}` | 201 `{"thread": view, "request": id}` |
 //! | `GET /threads`                    |                             | `{"threads": [view]}` |
 //! | `GET /threads/{id}`               |                             | `{"thread": view, "turns", "rows", "history"}` |
 //! | `POST /threads/{id}/messages`     | `{text}`                    | 201 `{"thread": id, "request": id}` |
@@ -13,7 +13,8 @@
 //! | `PUT /threads/{id}/opt-out`       |                             | `{"thread": id, "retry_opt_out": true}` |
 //! | `DELETE /threads/{id}/opt-out`    |                             | `{"thread": id, "retry_opt_out": false}` |
 //!
-//! A thread view is the core's `thread-info` plus `session_id` and `created_at`; turns carry
+//! A thread view is the core's `thread-info` plus `session_id`, `created_at`, `agent`
+//! (`http`, `claude-code`, `codex`), `agent_session` and `cwd`; turns carry
 //! their attempt number, chain, trigger (`user`, `retry`, `send-now`) and outcome with the
 //! classified failure; rows are the live retry rows with their send times. The route token
 //! is never part of an answer.
@@ -24,7 +25,7 @@ use serde_json::Value;
 
 use super::{Admin, AdminRequest, ApiError, ProviderName, Reply};
 use crate::core_link::{CoreLink, LinkError};
-use pooler_core::{CoreError, Provider};
+use pooler_core::{Agent, AgentSpec, CoreError, Provider};
 
 /// The core's records serialise their fields in WIT spelling (`retry-opt-out`); the admin
 /// API's convention is `snake_case` field names, with enum values left as WIT case names.
@@ -90,10 +91,27 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
             let text = fields.str("text")?;
             let provider = fields.opt_provider("provider")?;
             let model = fields.opt_str("model")?;
+            let agent = match fields.opt_str("agent")? {
+                None => Agent::Http,
+                Some(name) => Agent::parse(&name).ok_or_else(|| {
+                    ApiError::bad_request(
+                        "invalid-argument",
+                        format!("unknown agent `{name}` (known: http, claude-code, codex)"),
+                    )
+                })?,
+            };
+            let cwd = fields.opt_str("cwd")?;
+            let args = if fields.has("args") {
+                fields.strings("args")?
+            } else {
+                Vec::new()
+            };
             fields.finish()?;
+            // An agent CLI talks to one provider; it is the default.
             let provider = match provider.map(ProviderName::from) {
                 Some(ProviderName::Codex) => Provider::Codex,
-                Some(ProviderName::Claude) | None => Provider::Claude,
+                Some(ProviderName::Claude) => Provider::Claude,
+                None => agent.provider().unwrap_or(Provider::Claude),
             };
             if text.trim().is_empty() {
                 return Err(ApiError::bad_request(
@@ -101,8 +119,9 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
                     "`text` must not be empty",
                 ));
             }
+            let spec = AgentSpec { agent, cwd, args };
             let thread = link
-                .new_thread(provider, model.as_deref())
+                .new_agent_thread(provider, model.as_deref(), &spec)
                 .await
                 .map_err(refused)?;
             let request = link.send(&thread, &text).map_err(refused)?;

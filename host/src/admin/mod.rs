@@ -404,6 +404,11 @@ impl Fields {
         self.provider(name).map(Some)
     }
 
+    /// Whether the body has a (non-null) field `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.map.get(name).is_some_and(|v| !v.is_null())
+    }
+
     pub fn strings(&mut self, name: &str) -> Result<Vec<String>, ApiError> {
         match self.take(name) {
             None => Err(self.missing(name)),

@@ -52,7 +52,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let core = CoreLink::open(
         &data_dir,
         clock.clone(),
-        CoreOptions::from_config(&config.core),
+        CoreOptions::from_host_config(&config),
     )?;
     let host = Host::new(HostOptions {
         config,

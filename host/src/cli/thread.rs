@@ -27,16 +27,29 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 enum ThreadCommand {
     /// Create a thread (with a route through the pool), send TEXT as its first turn, and
-    /// print the thread id.
+    /// print the thread id. With `--agent claude-code` or `--agent codex` every turn runs
+    /// the real CLI in the thread's directory, resuming the same agent session; ARGS after
+    /// `--` go to the CLI on every turn.
     New {
-        /// The provider: claude or codex.
-        #[arg(long, default_value = "claude")]
-        provider: ProviderName,
-        /// The model its turns ask for (default: the driver's default for the provider).
+        /// What runs the turns: `http` (the host sends one request itself), `claude-code`
+        /// or `codex` (the real CLI; its binary comes from [agents] in the configuration,
+        /// else $POOLER_CLAUDE_CODE_BIN / $POOLER_CODEX_BIN, else `claude` / `codex` on PATH).
+        #[arg(long, default_value = "http", value_parser = ["http", "claude-code", "codex"])]
+        agent: String,
+        /// The provider: claude or codex (default: the agent's, else claude).
+        #[arg(long)]
+        provider: Option<ProviderName>,
+        /// The model its turns ask for (default: the agent's or the driver's default).
         #[arg(long)]
         model: Option<String>,
+        /// The directory the agent runs in (default: one under the data directory).
+        #[arg(long)]
+        cwd: Option<std::path::PathBuf>,
         /// The first message.
         text: String,
+        /// Extra arguments for the agent CLI, after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
     },
     /// Queue a message; it runs as a turn when the thread is free. Prints the request id.
     Send { thread: String, text: String },
@@ -53,14 +66,26 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = out.connect()?;
     match args.command {
         ThreadCommand::New {
+            agent,
             provider,
             model,
+            cwd,
             text,
+            args,
         } => {
+            if agent == "http" && !args.is_empty() {
+                anyhow::bail!("arguments after `--` are for an agent CLI; name one with --agent");
+            }
+            // The server may run elsewhere: send the directory as an absolute path.
+            let cwd = cwd
+                .map(std::path::absolute)
+                .transpose()?
+                .map(|p| p.display().to_string());
             let answer = client
                 .post(
                     "threads",
-                    &json!({ "provider": provider, "model": model, "text": text }),
+                    &json!({ "provider": provider, "model": model, "text": text,
+                             "agent": agent, "cwd": cwd, "args": args }),
                 )
                 .await?;
             out.print(&answer, || {
@@ -176,15 +201,34 @@ fn outcome_of(turn: &Value, now: u64) -> String {
     }
 }
 
+/// The first line of a reply, at most 60 characters (`--json` has it whole).
+fn excerpt(text: &str) -> String {
+    let line = text.trim().lines().next().unwrap_or_default();
+    if line.chars().count() > 60 || text.trim().lines().nth(1).is_some() {
+        let cut: String = line.chars().take(59).collect();
+        format!("{cut}…")
+    } else {
+        line.to_owned()
+    }
+}
+
 fn show_text(answer: &Value, now: u64) -> String {
     let thread = &answer["thread"];
     let mut out = format!(
-        "thread   {}\nprovider {}\nmodel    {}\nstatus   {}\n",
+        "thread   {}\nprovider {}\nmodel    {}\nagent    {}\nstatus   {}\n",
         str_of(&thread["id"]),
         str_of(&thread["provider"]),
         str_of(&thread["model"]),
+        str_of(&thread["agent"]),
         status_of(thread),
     );
+    if thread["agent"].as_str().is_some_and(|a| a != "http") {
+        out.push_str(&format!(
+            "session  {}\ndir      {}\n",
+            str_of(&thread["agent_session"]),
+            thread["cwd"].as_str().unwrap_or("(under the data directory)"),
+        ));
+    }
     let turns = answer["turns"].as_array().cloned().unwrap_or_default();
     out.push_str("\nturns:\n");
     if turns.is_empty() {
@@ -199,10 +243,12 @@ fn show_text(answer: &Value, now: u64) -> String {
                     str_of(&t["trigger"]),
                     t["started_at"].as_u64().map(iso).unwrap_or_default(),
                     outcome_of(t, now),
+                    excerpt(t["reply"].as_str().unwrap_or_default()),
                 ]
             })
             .collect();
-        for line in table(&["REQUEST", "ATTEMPT", "BY", "STARTED", "OUTCOME"], &rows).lines() {
+        let head = ["REQUEST", "ATTEMPT", "BY", "STARTED", "OUTCOME", "REPLY"];
+        for line in table(&head, &rows).lines() {
             out.push_str(&format!("  {line}\n"));
         }
     }
@@ -244,7 +290,8 @@ mod tests {
     fn show_lists_attempts_outcomes_and_queued_rows() {
         let answer = json!({
             "thread": {"id": "th_1", "provider": "claude", "model": null, "status": "error",
-                       "archived": false, "retry_opt_out": false},
+                       "archived": false, "retry_opt_out": false, "agent": "claude-code",
+                       "agent_session": "5f0c…", "cwd": "/work/repo"},
             "turns": [
                 {"id": "rq_1", "attempt": 1, "trigger": "user", "started_at": 0,
                  "outcome": "failed",
@@ -252,12 +299,21 @@ mod tests {
                              "retry_after": 120_000}},
                 {"id": "rq_2", "attempt": 2, "trigger": "retry", "started_at": 60_000,
                  "outcome": null},
+                {"id": "rq_3", "attempt": 1, "trigger": "user", "started_at": 70_000,
+                 "outcome": "ok", "reply": "Done: the parser handles quoted keys now.\nDetails…"},
             ],
             "rows": [{"id": 7, "attempt": 3, "send_at": 180_000, "reason": "rate limited",
                       "waiting_for_slot": true}],
         });
         let text = show_text(&answer, 60_000);
         assert!(text.contains("status   error\n"), "{text}");
+        assert!(text.contains("agent    claude-code\n"), "{text}");
+        assert!(text.contains("session  5f0c…\ndir      /work/repo\n"), "{text}");
+        let done = text.lines().find(|l| l.contains("rq_3")).unwrap();
+        assert!(
+            done.contains(" ok ") && done.ends_with("Done: the parser handles quoted keys now.…"),
+            "the first line of the reply: {done}"
+        );
         assert!(
             text.contains(
                 "failed: rate-limit 429 (provider), retry after 1970-01-01T00:02:00Z (in 1m)"

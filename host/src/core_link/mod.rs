@@ -51,15 +51,17 @@ mod convert;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
+use pooler_core::agent::{self, AgentLimits, Cli};
 use pooler_core::clock::SharedClock;
 use pooler_core::driver::{self, DriverConfig, TurnDriver};
 use pooler_core::{
-    Claim, Core, CoreError, EventId, OutboxEvent, PluginEvent, Provider, RequestId, Route, RowId,
-    ThreadId, Timestamp, TurnOutcome, TurnPlan,
+    AgentSpec, Claim, Core, CoreError, EventId, OutboxEvent, PluginEvent, Provider, RequestId,
+    Route, RowId, ThreadId, Timestamp, TurnOutcome, TurnPlan,
 };
 use tokio::sync::watch;
 
@@ -67,7 +69,7 @@ pub use convert::CoreThreads;
 
 use crate::bindings::retry::exports::pooler::plugins::scheduler::DispatchVerdict;
 use crate::bindings::types::PluginError;
-use crate::config::CoreConfig;
+use crate::config::{AgentsConfig, CoreConfig};
 use crate::imports::threads::ThreadsService;
 use crate::roles::Role;
 use crate::runtime::{Host, Shared};
@@ -101,6 +103,78 @@ pub struct CoreOptions {
     pub concurrency_limit: Option<u32>,
     /// The turn driver's settings.
     pub driver: DriverConfig,
+    /// The agent CLIs of agent threads.
+    pub agents: AgentOptions,
+}
+
+/// Where the agent CLIs are and how long a turn may run.
+#[derive(Debug, Clone, Default)]
+pub struct AgentOptions {
+    /// Claude Code's binary from the configuration (else `POOLER_CLAUDE_CODE_BIN`, else
+    /// `claude` on `PATH`).
+    pub claude_code: Option<PathBuf>,
+    /// Codex's binary from the configuration (else `POOLER_CODEX_BIN`, else `codex`).
+    pub codex: Option<PathBuf>,
+    pub limits: AgentLimits,
+}
+
+impl AgentOptions {
+    pub fn from_config(config: &AgentsConfig) -> Self {
+        AgentOptions {
+            claude_code: config.claude_code.clone(),
+            codex: config.codex.clone(),
+            limits: AgentLimits {
+                time_limit: Duration::from_secs(config.turn_time_limit_s),
+                ..AgentLimits::default()
+            },
+        }
+    }
+
+    /// The binary of `cli`: the configuration's, else the environment variable's, else the
+    /// usual name on `PATH`. An error names where it looked.
+    pub fn binary(&self, cli: Cli) -> Result<PathBuf, String> {
+        let (configured, var, name) = match cli {
+            Cli::ClaudeCode => (&self.claude_code, "POOLER_CLAUDE_CODE_BIN", "claude"),
+            Cli::Codex => (&self.codex, "POOLER_CODEX_BIN", "codex"),
+        };
+        let agent = cli.agent();
+        let executable = |p: &Path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        };
+        if let Some(path) = configured {
+            return if executable(path) {
+                Ok(path.clone())
+            } else {
+                Err(format!(
+                    "the {agent} binary {} ([agents] in the configuration) is not an executable file",
+                    path.display()
+                ))
+            };
+        }
+        if let Some(path) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            let path = PathBuf::from(path);
+            return if executable(&path) {
+                Ok(path)
+            } else {
+                Err(format!(
+                    "the {agent} binary {} (${var}) is not an executable file",
+                    path.display()
+                ))
+            };
+        }
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .map(|dir| dir.join(name))
+            .find(|p| executable(p))
+            .ok_or_else(|| {
+                format!(
+                    "no {agent} binary: `{name}` is not on PATH; install it, or name it in \
+                     [agents] of the configuration or in ${var}"
+                )
+            })
+    }
 }
 
 impl CoreOptions {
@@ -112,6 +186,15 @@ impl CoreOptions {
                 idle_timeout: Duration::from_secs(config.turn_idle_timeout_s),
                 ..DriverConfig::default()
             },
+            agents: AgentOptions::default(),
+        }
+    }
+
+    /// [`CoreOptions::from_config`] plus the `[agents]` table.
+    pub fn from_host_config(config: &crate::config::Config) -> Self {
+        CoreOptions {
+            agents: AgentOptions::from_config(&config.agents),
+            ..CoreOptions::from_config(&config.core)
         }
     }
 }
@@ -304,6 +387,8 @@ struct Inner {
     /// Events whose delivery failed: when they may be delivered again (host time). Kept in
     /// memory only, so a restart redelivers at once.
     redeliver_at: Mutex<HashMap<EventId, Timestamp>>,
+    /// Agent turns running, by thread: archiving the thread ends its agent's process.
+    agent_turns: Mutex<HashMap<ThreadId, tokio::sync::watch::Sender<bool>>>,
 }
 
 impl CoreLink {
@@ -342,6 +427,7 @@ impl CoreLink {
                 endpoint: RwLock::new(None),
                 host: OnceLock::new(),
                 redeliver_at: Mutex::new(HashMap::new()),
+                agent_turns: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -453,6 +539,33 @@ impl CoreLink {
         provider: Provider,
         model: Option<&str>,
     ) -> Result<ThreadId, LinkError> {
+        self.new_agent_thread(provider, model, &AgentSpec::default())
+            .await
+    }
+
+    /// [`CoreLink::new_thread`] for a thread whose turns `agent` runs. An agent CLI must be
+    /// found now (a missing binary is this call's error, not a failed turn), and a named
+    /// directory must exist; without one, the thread gets `DATA_DIR/threads/<id>/`.
+    pub async fn new_agent_thread(
+        &self,
+        provider: Provider,
+        model: Option<&str>,
+        agent: &AgentSpec,
+    ) -> Result<ThreadId, LinkError> {
+        if let Some(cli) = Cli::of(agent.agent) {
+            self.inner
+                .options
+                .agents
+                .binary(cli)
+                .map_err(|why| LinkError::Core(CoreError::InvalidArgument(why)))?;
+        }
+        if let Some(dir) = &agent.cwd
+            && !Path::new(dir).is_dir()
+        {
+            return Err(LinkError::Core(CoreError::InvalidArgument(format!(
+                "the thread's directory {dir} is not a directory"
+            ))));
+        }
         let host = self.inner.host()?;
         if !host.has_role(Role::AccountPool) {
             return Err(LinkError::Unavailable(
@@ -472,7 +585,7 @@ impl CoreLink {
         if let Err(e) = self
             .inner
             .core
-            .new_thread_with_id(&id, provider, model, Some(route))
+            .new_agent_thread(&id, provider, model, Some(route), agent)
         {
             close_route(&host, &id, provider).await;
             return Err(e.into());
@@ -496,6 +609,15 @@ impl CoreLink {
             .get_thread(thread)
             .map_err(CoreError::from)?;
         self.inner.core.archive(thread)?;
+        if let Some(running) = self
+            .inner
+            .agent_turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(thread)
+        {
+            running.send_replace(true);
+        }
         if let Ok(host) = self.inner.host()
             && host.has_role(Role::AccountPool)
         {
@@ -662,8 +784,97 @@ impl Inner {
                 return self.core.record_outcome(&plan.request, &outcome);
             }
         };
-        tracing::info!(thread = %plan.thread, request = %plan.request, attempt = plan.attempt, trigger = %plan.trigger, "turn started");
-        driver::run_and_record(&self.core, &self.driver, plan, &route).await
+        tracing::info!(thread = %plan.thread, request = %plan.request, attempt = plan.attempt, trigger = %plan.trigger, agent = %plan.agent.agent, "turn started");
+        match Cli::of(plan.agent.agent) {
+            None => driver::run_and_record(&self.core, &self.driver, plan, &route).await,
+            Some(cli) => self.run_agent_turn(cli, plan, route).await,
+        }
+    }
+
+    /// Runs an agent CLI for `plan` with the route in its environment, watching the route
+    /// at the listener, and records the outcome. Archiving the thread, or the host
+    /// stopping, kills the agent's process group.
+    async fn run_agent_turn(
+        &self,
+        cli: Cli,
+        plan: &TurnPlan,
+        route: Route,
+    ) -> Result<EventId, CoreError> {
+        let host = match self.host() {
+            Ok(host) => host,
+            Err(e) => {
+                return self
+                    .core
+                    .record_outcome(&plan.request, &unroutable(&e.to_string()));
+            }
+        };
+        let program = match self.options.agents.binary(cli) {
+            Ok(program) => program,
+            Err(why) => return self.core.record_outcome(&plan.request, &unroutable(&why)),
+        };
+        let cwd = match self.agent_dir(&host, plan) {
+            Ok(cwd) => cwd,
+            Err(why) => return self.core.record_outcome(&plan.request, &unroutable(&why)),
+        };
+        // A first Claude Code turn names its session: the thread's own session id.
+        let new_session = (cli == Cli::ClaudeCode && plan.agent_session.is_none())
+            .then(|| plan.session_id.clone());
+        let invocation =
+            agent::invocation(cli, plan, &route, &program, &cwd, new_session.as_deref());
+        let tap = host.taps().watch(&route.token, plan.provider);
+        let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
+        self.agent_turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(plan.thread.clone(), cancel);
+        let ran = tokio::select! {
+            ran = agent::run(&invocation, cli, &self.options.agents.limits) => Some(ran),
+            _ = cancelled.wait_for(|c| *c) => None,
+        };
+        self.agent_turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&plan.thread);
+        let seen = tap.observation();
+        drop(tap);
+        let outcome = match ran {
+            Some(Ok(run)) => {
+                tracing::info!(thread = %plan.thread, request = %plan.request, agent = %cli.agent(), ok = run.report.ok, requests = seen.requests, timed_out = run.timed_out, "agent turn ended");
+                agent::outcome(plan, &run, &seen, new_session.as_deref(), self.now())
+            }
+            Some(Err(e)) => unroutable(&format!(
+                "the {} agent {} could not be started: {e}",
+                cli.agent(),
+                program.display()
+            )),
+            None => {
+                tracing::info!(thread = %plan.thread, request = %plan.request, "agent turn ended: the thread was archived");
+                let mut outcome = unroutable("the thread was archived while its agent ran");
+                outcome.input_in_session = seen.requests > 0;
+                outcome
+            }
+        };
+        self.core.record_outcome(&plan.request, &outcome)
+    }
+
+    /// The directory an agent runs in: the thread's own, else `DATA_DIR/threads/<id>/`
+    /// (created 0700).
+    fn agent_dir(&self, host: &Host, plan: &TurnPlan) -> Result<PathBuf, String> {
+        if let Some(dir) = &plan.agent.cwd {
+            return Ok(PathBuf::from(dir));
+        }
+        let dir = host.data_dir().join("threads").join(&plan.thread);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| {
+                format!(
+                    "cannot create the thread's directory {}: {e}",
+                    dir.display()
+                )
+            })?;
+        Ok(dir)
     }
 
     async fn on_start(&self) {
@@ -908,23 +1119,14 @@ fn plugin_error(e: &PluginError) -> String {
 
 /// The outcome of a turn that could not be sent at all.
 fn unroutable(why: &str) -> TurnOutcome {
-    TurnOutcome {
-        result: pooler_core::TurnResult::Failed {
-            failure: pooler_core::Failure {
-                category: pooler_core::FailureCategory::ConnectionFailed,
-                provider_code: None,
-                http_status: None,
-                origin: pooler_core::FailureOrigin::Transport,
-                retry_after: None,
-                message: Some(why.to_string()),
-            },
-            partial_reply: String::new(),
-        },
-        input_accepted: false,
-        rate_limits: None,
-        agent_session: None,
-        input_in_session: false,
-    }
+    TurnOutcome::failed(pooler_core::Failure {
+        category: pooler_core::FailureCategory::ConnectionFailed,
+        provider_code: None,
+        http_status: None,
+        origin: pooler_core::FailureOrigin::Transport,
+        retry_after: None,
+        message: Some(why.to_string()),
+    })
 }
 
 async fn due_loop(inner: Arc<Inner>) {
