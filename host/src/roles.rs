@@ -47,7 +47,13 @@ const ACCOUNT_POOL: WorldShape = WorldShape {
         "settings",
     ],
     foreign_exports: &["wasi:http/incoming-handler"],
-    imports: &["types", "sqlite", "log", "availability-listener"],
+    imports: &[
+        "types",
+        "sqlite",
+        "log",
+        "availability-listener",
+        "incoming-client",
+    ],
 };
 
 const PROVIDER_RETRY: WorldShape = WorldShape {
@@ -295,6 +301,45 @@ mod tests {
         assert!(
             text.contains("unexpected imports [pooler:plugins/availability-listener@0.1.0]"),
             "{text}"
+        );
+    }
+
+    /// `incoming-client` is the pool's to import or not: a pool that ignores its client's
+    /// leaving (an older or simpler one) fits as well as one that listens. It is not
+    /// Provider Retry's.
+    #[test]
+    fn a_pool_may_import_incoming_client_and_need_not() {
+        let without = pool_surface();
+        assert!(
+            !without
+                .imports
+                .iter()
+                .any(|i| i.contains("incoming-client"))
+        );
+        check_world("p", Role::AccountPool, &without).unwrap();
+        let mut with = pool_surface();
+        with.imports
+            .push("pooler:plugins/incoming-client@0.1.0".into());
+        check_world("p", Role::AccountPool, &with).unwrap();
+
+        let retry = Surface {
+            imports: names(&[
+                "pooler:plugins/sqlite@0.1.0",
+                "pooler:plugins/incoming-client@0.1.0",
+            ]),
+            exports: names(&[
+                "pooler:plugins/availability-listener@0.1.0",
+                "pooler:plugins/turn-events@0.1.0",
+                "pooler:plugins/scheduler@0.1.0",
+                "pooler:plugins/retry-admin@0.1.0",
+                "pooler:plugins/settings@0.1.0",
+            ]),
+        };
+        let err = check_world("r", Role::ProviderRetry, &retry).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("unexpected imports [pooler:plugins/incoming-client@0.1.0]"),
+            "{err}"
         );
     }
 

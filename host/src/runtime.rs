@@ -23,9 +23,10 @@ use crate::engine::{self, EPOCH_TICK, EngineLimits};
 use crate::imports::availability::{AvailabilityQuery, AvailabilitySource};
 use crate::imports::clocks::ClockView;
 use crate::imports::http_out::{AllowList, OutgoingClient};
+use crate::imports::incoming_client::IncomingClientView;
 use crate::imports::sqlite::SqliteView;
 use crate::imports::threads::ThreadsService;
-use crate::imports::{availability, clocks, listener, log, sqlite, threads};
+use crate::imports::{availability, clocks, incoming_client, listener, log, sqlite, threads};
 use crate::mediator::ChangeQueue;
 use crate::roles::{Role, Surface, check_world};
 use crate::state::{PluginMeta, PluginState, Services};
@@ -262,6 +263,11 @@ fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
     availability::add_to_linker(&mut linker, |s| &mut s.availability)
         .map_err(crate::wasmtime_error)?;
     threads::add_to_linker(&mut linker, |s| &mut s.threads).map_err(crate::wasmtime_error)?;
+    incoming_client::add_to_linker(&mut linker, |s| IncomingClientView {
+        ctx: &s.incoming_client,
+        table: &mut s.table,
+    })
+    .map_err(crate::wasmtime_error)?;
     Ok(linker)
 }
 

@@ -28,6 +28,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::admin::Admin;
+use crate::imports::incoming_client::ClientGone;
 use crate::roles::Role;
 use crate::runtime::{CallError, Host};
 
@@ -306,10 +307,16 @@ enum Head {
 /// A guest call that runs to its end even when the request lets go of it early (the
 /// client went away): the rest then runs in a task of its own, as a guest always did, so
 /// a guest is never cut off mid-call (an OAuth refresh whose answer is not yet stored, say);
-/// only its deadline stops it.
+/// only its deadline stops it. Letting go of it before the response ended also tells the
+/// guest, through its `incoming-client` import, that its client is gone, so it can stop the
+/// request's work (retries, waits, upstream calls) instead of finishing it for nobody.
 struct RunToEnd {
     call: Option<GuestCall>,
     plugin: Arc<str>,
+    /// What the guest's `incoming-client` import watches.
+    client: ClientGone,
+    /// The response body reached its end: letting go after that is not the client leaving.
+    answered: bool,
 }
 
 impl RunToEnd {
@@ -333,6 +340,10 @@ impl Drop for RunToEnd {
         let Some(call) = self.call.take() else {
             return;
         };
+        if !self.answered {
+            // Before the rest of the call runs on, so the guest sees it at its next look.
+            self.client.raise();
+        }
         let plugin = self.plugin.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
@@ -359,6 +370,25 @@ impl Body for GuestDriven {
         mut self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = self.as_mut().poll_guest_frame(cx);
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+            // The response ended (an error ends it too): hyper lets go of the body now.
+            self.guest.answered = true;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.guest.finished() && self.body.is_end_stream()
+    }
+}
+
+impl GuestDriven {
+    /// The next frame of the body, driving the guest while it writes it.
+    fn poll_guest_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, wasmtime_wasi_http::Error>>> {
         if self.guest.finished() {
             return Pin::new(&mut self.body).poll_frame(cx);
         }
@@ -378,10 +408,6 @@ impl Body for GuestDriven {
             return Pin::new(&mut self.body).poll_frame(cx);
         }
         Pin::new(&mut self.body).poll_frame(&mut quiet)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.guest.finished() && self.body.is_end_stream()
     }
 }
 
@@ -423,6 +449,8 @@ impl Host {
         };
         let meta = plugin.meta.clone();
         let mut store = self.new_store(&meta);
+        let client = ClientGone::new();
+        store.data_mut().incoming_client = client.watch();
         let (sender, receiver) = tokio::sync::oneshot::channel();
         let prepared = (|| -> wasmtime::Result<_> {
             let request = store
@@ -458,6 +486,8 @@ impl Host {
         let mut guest = RunToEnd {
             call: Some(guest),
             plugin: meta.id.clone(),
+            client,
+            answered: false,
         };
         // The head is set only while the guest runs, and it runs only inside the poll below:
         // so the receiver is looked at, never polled with this task's waker. A registered
@@ -517,6 +547,8 @@ mod tests {
         let mut guest = RunToEnd {
             call: Some(call),
             plugin: "account-pool".into(),
+            client: ClientGone::new(),
+            answered: false,
         };
         let waiting = std::future::poll_fn(|cx| Poll::Ready(guest.poll_call(cx).is_pending()));
         assert!(waiting.await, "the call waits for `go`");
@@ -527,5 +559,58 @@ mod tests {
             .await
             .expect("in time")
             .expect("the call ran to its end after it was let go of");
+    }
+
+    /// Letting go of an unfinished call before its response ended (the client went away)
+    /// tells the guest: its `incoming-client` view reads gone, already when the rest of the
+    /// call runs on. A call that finished, or whose response ended, is not told.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn letting_go_of_an_unfinished_call_tells_the_guest_its_client_is_gone() {
+        let client = ClientGone::new();
+        let view = client.watch();
+        let in_call = client.watch();
+        let (seen, saw) = tokio::sync::oneshot::channel();
+        let guest = RunToEnd {
+            call: Some(Box::pin(async move {
+                let _ = seen.send(in_call.gone());
+                Ok(())
+            })),
+            plugin: "account-pool".into(),
+            client,
+            answered: false,
+        };
+        assert!(!view.gone());
+        drop(guest);
+        assert!(view.gone(), "dropping the unfinished call raised the flag");
+        let seen = tokio::time::timeout(Duration::from_secs(10), saw)
+            .await
+            .expect("in time")
+            .expect("the call ran on");
+        assert!(seen, "the rest of the call saw its client gone");
+
+        // Finished before it was let go of: nobody left.
+        let client = ClientGone::new();
+        let view = client.watch();
+        let mut guest = RunToEnd {
+            call: Some(Box::pin(async { Ok(()) })),
+            plugin: "account-pool".into(),
+            client,
+            answered: false,
+        };
+        let done = std::future::poll_fn(|cx| Poll::Ready(guest.poll_call(cx).is_ready()));
+        assert!(done.await);
+        drop(guest);
+        assert!(!view.gone(), "a finished call is not told its client left");
+
+        // The response ended, the call still finishing: hyper letting go is not a leave.
+        let client = ClientGone::new();
+        let view = client.watch();
+        drop(RunToEnd {
+            call: Some(Box::pin(async { Ok(()) })),
+            plugin: "account-pool".into(),
+            client,
+            answered: true,
+        });
+        assert!(!view.gone(), "an answered request's client did not leave");
     }
 }

@@ -15,6 +15,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use crate::imports::availability::{AvailabilityCtx, AvailabilitySource};
 use crate::imports::clocks::{MonotonicClock, WallClock};
 use crate::imports::http_out::{AllowList, OutgoingClient, OutgoingPolicy};
+use crate::imports::incoming_client::IncomingClientCtx;
 use crate::imports::listener::{ChangeSink, ListenerCtx};
 use crate::imports::log::LogCtx;
 use crate::imports::sqlite::{ConnectionCache, SqliteCtx};
@@ -67,6 +68,8 @@ pub struct PluginState {
     pub(crate) listener: ListenerCtx,
     pub(crate) availability: AvailabilityCtx,
     pub(crate) threads: ThreadsCtx,
+    /// The client of the HTTP request this store handles (none for a plugin call).
+    pub(crate) incoming_client: IncomingClientCtx,
 }
 
 impl PluginState {
@@ -104,6 +107,7 @@ impl PluginState {
             listener: ListenerCtx::new(id.clone(), services.changes.clone()),
             availability: AvailabilityCtx::new(id.clone(), services.availability.clone()),
             threads: ThreadsCtx::new(id, services.threads.clone()),
+            incoming_client: IncomingClientCtx::none(),
             meta,
         }
     }

@@ -6,6 +6,7 @@
 pub mod availability;
 pub mod clocks;
 pub mod http_out;
+pub mod incoming_client;
 pub mod listener;
 pub mod log;
 pub mod sqlite;

@@ -3,7 +3,7 @@
 //! session explanations, the availability answer, the maintenance tick, and taking the
 //! coalesced availability-changed signals for delivery.
 
-use crate::engine::{Clock, Engine, Log, Random, Upstream, new_id};
+use crate::engine::{Cancel, Clock, Engine, Log, Random, Upstream, new_id};
 use crate::model::{
     AccountStatus, Availability, ChangeCause, Credential, CredentialKind, Family, OAuthTokens,
     Provider,
@@ -174,13 +174,13 @@ fn valid_endpoint(s: &str) -> bool {
 }
 
 /// The pool's operations, borrowing its capabilities for one call.
-pub struct Admin<'a, D: Db, U: Upstream, E: Clock + Random + Log> {
+pub struct Admin<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> {
     store: Store<'a, D>,
     engine: Engine<'a, D, U, E>,
     env: &'a E,
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Admin<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
     /// Open the operations (migrating the schema if needed).
     pub fn new(db: &'a D, upstream: &'a U, env: &'a E) -> Result<Self, DbError> {
         let store = Store::new(db);

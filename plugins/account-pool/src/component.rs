@@ -9,20 +9,24 @@ mod bindings {
     wit_bindgen::generate!({
         world: "account-pool-core",
         path: "../../wit",
+        // wstd's pollable, so its reactor can wait on `incoming-client.subscribe-gone`.
+        with: { "wasi:io/poll@0.2.12": wasip2::io::poll },
         generate_all,
     });
 }
 
 use crate::admin::{self, Admin, NewAccount};
 use crate::engine::{
-    self, Clock, Engine, IncomingRequest, Level, Log, Random, TransportError, Upstream,
+    self, Cancel, Clock, Engine, IncomingRequest, Level, Log, Random, TransportError, Upstream,
     UpstreamRequest, UpstreamResponse,
 };
 use crate::http::{Headers, PoolError};
 use crate::model::{self, Provider};
 use crate::stream::BodyStream;
 use bindings::exports::pooler::plugins::{accounts, availability, maintenance, routing, settings};
-use bindings::pooler::plugins::{availability_listener, log as wit_log, sqlite, types};
+use bindings::pooler::plugins::{
+    availability_listener, incoming_client, log as wit_log, sqlite, types,
+};
 use pooler_plugin_kit::{Db, DbError, Rows, Value};
 use wstd::http::body::util::BodyExt as _;
 use wstd::http::{Body, Client, Request, Response};
@@ -99,7 +103,7 @@ impl Db for WitDb {
     }
 }
 
-/// The host clock, sleeping, random bytes and logging.
+/// The host clock, sleeping, random bytes, logging, and whether the request's client left.
 struct WasiEnv;
 
 impl Clock for WasiEnv {
@@ -111,6 +115,19 @@ impl Clock for WasiEnv {
     }
     async fn sleep(&self, ms: u64) {
         wstd::task::sleep(wstd::time::Duration::from_millis(ms)).await;
+    }
+}
+
+/// The host's `incoming-client` import: outside the HTTP handler (admin calls) the client
+/// never goes, so the same code serves both.
+impl Cancel for WasiEnv {
+    fn gone(&self) -> bool {
+        incoming_client::gone()
+    }
+    async fn gone_wait(&self) {
+        wstd::runtime::AsyncPollable::new(incoming_client::subscribe_gone())
+            .wait_for()
+            .await;
     }
 }
 
@@ -323,7 +340,9 @@ fn to_wstd(response: engine::Response<WasiBody>) -> Response<Body> {
         engine::Body::Full(bytes) => Body::from(bytes),
         engine::Body::Stream(relay) => {
             Body::from_try_stream(futures_lite::stream::unfold(relay, |mut r| async move {
-                r.next().await.map(|chunk| (chunk.map_err(StreamBroke), r))
+                engine::relay_next(&mut r, &WasiEnv)
+                    .await
+                    .map(|chunk| (chunk.map_err(StreamBroke), r))
             }))
         }
     };

@@ -3,9 +3,13 @@
 //! classifies every upstream answer (spec §4), retries and detours, refreshes OAuth
 //! tokens, records quota and attempts, and commits pins and the cursor by the #6990 rule.
 //!
-//! It reaches the outside only through [`Upstream`], [`Clock`], [`Random`] and [`Log`], and
-//! keeps all state in the database, so it runs the same natively (tests, fakes) and in the
-//! component (wasi:http, the WIT sqlite import).
+//! It reaches the outside only through [`Upstream`], [`Clock`], [`Random`], [`Log`] and
+//! [`Cancel`], and keeps all state in the database, so it runs the same natively (tests,
+//! fakes) and in the component (wasi:http, the WIT sqlite and incoming-client imports).
+//!
+//! When the client goes away ([`Cancel`]) the request's work stops: every backoff, inline
+//! wait, refresh poll, upstream call and relayed chunk races against it; the attempt under
+//! way is dropped and recorded `cancelled`, and nothing is committed (spec §4).
 
 use crate::http::{self, Endpoint, Headers, PoolError, RouteMatch};
 use crate::model::{ChangeCause, Credential, Family, HoldKind, OAuthTokens, Provider};
@@ -110,6 +114,69 @@ pub trait Log {
     fn log(&self, level: Level, message: &str, fields: &[(&str, String)]);
 }
 
+/// Whether the client of the request being served has gone (its connection closed before
+/// the response ended): the host's `incoming-client` import in the component, a flag in
+/// tests. Outside a request (admin calls, maintenance) the client never goes.
+#[allow(async_fn_in_trait)]
+pub trait Cancel {
+    /// Whether the client has gone; once true, true for the rest of the request.
+    fn gone(&self) -> bool;
+    /// Resolves once the client has gone; never while it is there.
+    async fn gone_wait(&self);
+}
+
+/// The log line of a request the pool stopped because its client went away.
+pub const CANCELLED_MESSAGE: &str = "Account Pooler request cancelled: the client went away";
+
+/// What racing a piece of a request's work against its client's leaving came to.
+enum Raced<T> {
+    Done(T),
+    Gone,
+}
+
+/// Run `work` unless the client goes first; then `work` is dropped where it stands (a
+/// wasi:http request in flight is aborted when its future-incoming-response is dropped).
+async fn unless_gone<T>(cancel: &impl Cancel, work: impl Future<Output = T>) -> Raced<T> {
+    if cancel.gone() {
+        return Raced::Gone;
+    }
+    let mut work = std::pin::pin!(work);
+    let mut gone = std::pin::pin!(cancel.gone_wait());
+    std::future::poll_fn(|cx| {
+        if gone.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Raced::Gone);
+        }
+        work.as_mut().poll(cx).map(Raced::Done)
+    })
+    .await
+}
+
+/// The next chunk of `relay` for the client, unless the client goes first: then the relay
+/// stops (None; dropping it drops the upstream body, closing that connection) and says so
+/// in one log line. Once the response head is out nothing else is left to undo: the
+/// attempt that served it was recorded and committed before.
+pub async fn relay_next<B: BodyStream>(
+    relay: &mut Relay<B>,
+    env: &(impl Cancel + Log),
+) -> Option<Result<Vec<u8>, String>> {
+    match unless_gone(env, relay.next()).await {
+        Raced::Done(chunk) => chunk,
+        Raced::Gone => {
+            if !relay.stop() {
+                env.log(
+                    Level::Info,
+                    CANCELLED_MESSAGE,
+                    &[
+                        ("while", "relaying the response".to_owned()),
+                        ("account", relay.account().unwrap_or("?").to_owned()),
+                    ],
+                );
+            }
+            None
+        }
+    }
+}
+
 /// The client's request, with its body read (bounded by the glue).
 #[derive(Debug, Clone, PartialEq)]
 pub struct IncomingRequest {
@@ -200,7 +267,7 @@ impl std::fmt::Display for UsageFailure {
 }
 
 /// The engine, borrowing its capabilities for one call.
-pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log> {
+pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> {
     store: Store<'a, D>,
     upstream: &'a U,
     env: &'a E,
@@ -210,6 +277,8 @@ pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log> {
     /// When the current attempt last tried its account: the account's "last used" time,
     /// written with the attempt's outcome.
     last_try: std::cell::Cell<u64>,
+    /// Upstream calls this request has made (for the log line of a cancelled request).
+    sends: std::cell::Cell<u32>,
 }
 
 /// What one attempt on one account came to.
@@ -225,7 +294,23 @@ enum Attempt<B> {
         outcome: AttemptOutcome,
         failure: Option<PoolError>,
     },
+    /// The client went away: the attempt stopped where it stood. `status` is the last
+    /// answer the account gave it (None when it had none, or its call was in flight).
+    Cancelled { status: Option<u16> },
 }
+
+/// What to do after a transient failure ([`Engine::transient_retry`]).
+enum Backoff {
+    /// The wait is over: try the same account again.
+    Retry,
+    /// No retry is left (or it would wait past the inline wait limit).
+    GiveUp,
+    /// The client went away during the wait.
+    Gone,
+}
+
+/// The outcome recorded for an attempt the client's leaving stopped.
+const CANCELLED: &str = "cancelled";
 
 /// What a request's head comes to, before its body is read ([`Engine::screen`]).
 pub enum Screen<B> {
@@ -405,7 +490,7 @@ struct Ctx<'r> {
     settings: &'r Settings,
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
     pub fn new(db: &'a D, upstream: &'a U, env: &'a E) -> Self {
         Engine {
             store: Store::new(db),
@@ -413,6 +498,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             env,
             admitted: None,
             last_try: std::cell::Cell::new(0),
+            sends: std::cell::Cell::new(0),
         }
     }
 
@@ -568,6 +654,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         let mut rechecked = false;
 
         loop {
+            if self.env.gone() {
+                // Between attempts (the last one was recorded with its own outcome).
+                return self.cancelled(ctx, pin.as_ref(), previous.as_deref());
+            }
             let now = self.env.now();
             let states: Vec<AccountState> = match fresh.take() {
                 Some(states) => states,
@@ -635,8 +725,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 // Only the pin is chosen while held: wait out a short hold once, else detour.
                 let remaining = until - now;
                 if remaining <= s.inline_wait_ms && !waited.contains(&id) {
+                    if let Raced::Gone = unless_gone(self.env, self.env.sleep(remaining)).await {
+                        self.note_attempt(ctx, self.env.now(), &id, None, CANCELLED)?;
+                        return self.cancelled(ctx, pin.as_ref(), Some(&id));
+                    }
                     waited.push(id);
-                    self.env.sleep(remaining).await;
                     continue;
                 }
                 attempted.push(id.clone());
@@ -677,7 +770,16 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                         }
                         self.note_attempt(ctx, now, &id, Some(response.status), outcome)
                     })?;
-                    return Ok(self.relay(ctx, response));
+                    return Ok(self.relay(ctx, &id, response));
+                }
+                Attempt::Cancelled { status } => {
+                    // Recorded, and nothing else: no pin, cursor or failure of this request
+                    // is committed.
+                    self.store.tx(|store| {
+                        store.touch_account(&id, state.last_used_at, self.last_try.get())?;
+                        self.note_attempt(ctx, self.env.now(), &id, status, CANCELLED)
+                    })?;
+                    return self.cancelled(ctx, pin.as_ref(), Some(&id));
                 }
                 Attempt::Failed {
                     outcome,
@@ -725,6 +827,35 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             }
         };
         Ok(Response::pool(provider, &error))
+    }
+
+    /// Stop a request whose client went away: release the pin it claimed (a cancelled
+    /// request pins nothing), say so in one log line, and answer something nobody reads.
+    fn cancelled(
+        &self,
+        ctx: &Ctx<'_>,
+        pin: Option<&PinSeen>,
+        account: Option<&str>,
+    ) -> Result<Response<U::Body>, DbError> {
+        if let (Some(key), Some(p)) = (ctx.key, pin.filter(|p| p.claimed)) {
+            self.store.release_claim(ctx.provider, key, p.generation)?;
+        }
+        self.env.log(
+            Level::Info,
+            CANCELLED_MESSAGE,
+            &[
+                ("provider", ctx.provider.to_string()),
+                ("account", account.unwrap_or("none").to_owned()),
+                ("attempts", self.sends.get().to_string()),
+            ],
+        );
+        Ok(Response::pool(
+            ctx.provider,
+            &PoolError::pool(
+                499,
+                "The client closed the request; Account Pooler stopped it.",
+            ),
+        ))
     }
 
     /// Apply the commit rule after a success on `served`. Returns whether it was a detour
@@ -820,7 +951,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         }
     }
 
-    fn relay(&self, ctx: &Ctx<'_>, response: UpstreamResponse<U::Body>) -> Response<U::Body> {
+    fn relay(
+        &self,
+        ctx: &Ctx<'_>,
+        account: &str,
+        response: UpstreamResponse<U::Body>,
+    ) -> Response<U::Body> {
         let mut headers = Headers::new();
         for (n, v) in response.headers.iter() {
             if http::forward_response_header(n) {
@@ -831,7 +967,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
             response.body,
             ctx.provider,
             response.headers.get("content-type"),
-        );
+        )
+        .for_account(account);
         Response {
             status: response.status,
             headers,
@@ -841,6 +978,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
 
     /// One account: send, classify, and retry the same account where the outcome table
     /// says so (transient failures with backoff, one short-429 wait, one token refresh).
+    /// Every wait and upstream call races against the client's leaving, except a token
+    /// refresh, whose answer must be stored.
     async fn attempt(
         &self,
         ctx: &Ctx<'_>,
@@ -853,15 +992,34 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
         let mut retries = 0u32;
         let mut slept = 0u64;
         let mut refreshed = false;
+        // The last answer the account gave this attempt (what a cancelled one records).
+        let mut status: Option<u16> = None;
         loop {
+            if self.env.gone() {
+                return Ok(Attempt::Cancelled { status });
+            }
             let now = self.env.now();
             self.last_try.set(now);
+            // A token refresh started here runs to its end even if the client leaves
+            // meanwhile: the endpoint may already have spent the old refresh token, and
+            // only storing its answer keeps the account signed in.
             let credential = match self.usable_credential(ctx.provider, state, s).await? {
                 Ok(c) => c,
+                // Whatever kept the credential from us, the client's leaving comes first.
+                Err(_) if self.env.gone() => return Ok(Attempt::Cancelled { status }),
                 Err(failed) => return Ok(failed),
             };
+            if self.env.gone() {
+                return Ok(Attempt::Cancelled { status });
+            }
             let request = self.upstream_request(ctx, &credential);
-            let sent = self.upstream.send(request).await;
+            self.sends.set(self.sends.get() + 1);
+            status = None;
+            // Dropped unanswered when the client goes: wasi:http then aborts the request.
+            let sent = match unless_gone(self.env, self.upstream.send(request)).await {
+                Raced::Done(sent) => sent,
+                Raced::Gone => return Ok(Attempt::Cancelled { status: None }),
+            };
             let now = self.env.now();
             let mut response = match sent {
                 Ok(r) => r,
@@ -879,8 +1037,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                         502,
                         format!("Account Pooler could not reach {upstream_name}."),
                     );
-                    if self.transient_retry(s, &mut retries, &mut slept).await {
-                        continue;
+                    match self.transient_retry(s, &mut retries, &mut slept).await {
+                        Backoff::Retry => continue,
+                        Backoff::Gone => return Ok(Attempt::Cancelled { status }),
+                        Backoff::GiveUp => {}
                     }
                     return Ok(Attempt::Failed {
                         outcome: AttemptOutcome::Transient,
@@ -888,6 +1048,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                     });
                 }
             };
+            status = Some(response.status);
             let obs = match ctx.provider {
                 Provider::Claude => quota::parse_claude_headers(&response.headers, now),
                 Provider::Codex => quota::parse_codex_headers(&response.headers, now),
@@ -919,9 +1080,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                     });
                 }
                 Classified::Transient => {
-                    let failure = upstream_failure(&mut response, now).await;
-                    if self.transient_retry(s, &mut retries, &mut slept).await {
-                        continue;
+                    let Raced::Done(failure) =
+                        unless_gone(self.env, upstream_failure(&mut response, now)).await
+                    else {
+                        return Ok(Attempt::Cancelled { status });
+                    };
+                    match self.transient_retry(s, &mut retries, &mut slept).await {
+                        Backoff::Retry => continue,
+                        Backoff::Gone => return Ok(Attempt::Cancelled { status }),
+                        Backoff::GiveUp => {}
                     }
                     return Ok(Attempt::Failed {
                         outcome: AttemptOutcome::Transient,
@@ -930,11 +1097,19 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                 }
                 Classified::RateLimited => {
                     let wait = quota::parse_retry_after(response.headers.get("retry-after"), now);
+                    // The hold is the upstream's word about the account, not this request's
+                    // doing: it stays even if the client leaves during the wait.
                     self.store.set_hold(id, now + wait, HoldKind::RateLimit)?;
-                    let failure = upstream_failure(&mut response, now).await;
+                    let Raced::Done(failure) =
+                        unless_gone(self.env, upstream_failure(&mut response, now)).await
+                    else {
+                        return Ok(Attempt::Cancelled { status });
+                    };
                     if wait <= s.inline_wait_ms && !waited.iter().any(|w| w == id) {
                         waited.push(id.to_owned());
-                        self.env.sleep(wait).await;
+                        if let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await {
+                            return Ok(Attempt::Cancelled { status });
+                        }
                         continue;
                     }
                     return Ok(Attempt::Failed {
@@ -943,7 +1118,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                     });
                 }
                 Classified::AuthRefused => {
-                    let failure = upstream_failure(&mut response, now).await;
+                    let Raced::Done(failure) =
+                        unless_gone(self.env, upstream_failure(&mut response, now)).await
+                    else {
+                        return Ok(Attempt::Cancelled { status });
+                    };
                     match &credential {
                         Credential::ApiKey(_) => {
                             let text =
@@ -979,6 +1158,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                                         outcome: AttemptOutcome::Auth,
                                         failure: Some(failure),
                                     });
+                                }
+                                // It stopped waiting for another request's refresh.
+                                Refreshed::Transient(_) if self.env.gone() => {
+                                    return Ok(Attempt::Cancelled { status });
                                 }
                                 Refreshed::Transient(_) => {
                                     let f = PoolError::pool(
@@ -1021,21 +1204,23 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
     }
 
     /// Wait before another same-account try after a transient failure, if the retry limit
-    /// and the inline wait allow. Returns whether to try again.
-    async fn transient_retry(&self, s: &Settings, retries: &mut u32, slept: &mut u64) -> bool {
+    /// and the inline wait allow, unless the client goes away first.
+    async fn transient_retry(&self, s: &Settings, retries: &mut u32, slept: &mut u64) -> Backoff {
         if *retries >= s.transient_retries {
-            return false;
+            return Backoff::GiveUp;
         }
         let wait = s.backoff(*retries);
         if *slept + wait > s.inline_wait_ms {
-            return false;
+            return Backoff::GiveUp;
         }
         *retries += 1;
         *slept += wait;
-        if wait > 0 {
-            self.env.sleep(wait).await;
+        if wait > 0
+            && let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await
+        {
+            return Backoff::Gone;
         }
-        true
+        Backoff::Retry
     }
 
     /// Merge a quota observation and queue a signal when it moved the account's blocking
@@ -1337,7 +1522,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log> Engine<'a, D, U, E> {
                     "another token refresh is still running".into(),
                 ));
             }
-            self.env.sleep(REFRESH_POLL_MS).await;
+            // Waiting for another request's refresh is this request's own work: it stops
+            // when its client goes (the caller sees the client gone and records that).
+            if let Raced::Gone = unless_gone(self.env, self.env.sleep(REFRESH_POLL_MS)).await {
+                return Ok(Refreshed::Transient("the client went away".into()));
+            }
             if let Some(Credential::OAuth(t)) = self.store.credential(id)?
                 && t.access_token != old.access_token
             {

@@ -63,6 +63,8 @@ pub struct Relay<B> {
     /// Whether what was sent so far ends at an event boundary (a blank line), so the error
     /// event is not glued onto a partial event.
     at_boundary: bool,
+    /// The account whose answer this is, for log lines.
+    account: Option<String>,
 }
 
 impl<B: BodyStream> Relay<B> {
@@ -73,7 +75,24 @@ impl<B: BodyStream> Relay<B> {
             sse: is_event_stream(content_type),
             done: false,
             at_boundary: true,
+            account: None,
         }
+    }
+
+    /// Name the account whose answer this is (for log lines; never a secret).
+    pub fn for_account(mut self, account: &str) -> Self {
+        self.account = Some(account.to_owned());
+        self
+    }
+
+    /// The account whose answer this is, when named.
+    pub fn account(&self) -> Option<&str> {
+        self.account.as_deref()
+    }
+
+    /// Relay nothing more (the client went away). Returns whether it had already ended.
+    pub fn stop(&mut self) -> bool {
+        std::mem::replace(&mut self.done, true)
     }
 
     /// Whether the relayed body is an event stream.

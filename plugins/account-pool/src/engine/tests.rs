@@ -30,12 +30,17 @@ impl Future for Yield {
     }
 }
 
-/// The manual clock, a counter-based random source and a log sink.
+/// The manual clock, a counter-based random source, a log sink, and the client's leaving
+/// (a flag the test raises, or has a sleep or an upstream call raise).
 struct Env {
     now: Cell<u64>,
     sleeps: RefCell<Vec<u64>>,
     counter: Cell<u64>,
     logs: RefCell<Vec<String>>,
+    /// The client of the request being served has gone ([`Pool::send`] lowers it).
+    gone: std::rc::Rc<Cell<bool>>,
+    /// The client leaves when the sleep with this number (1 = the first) begins.
+    leave_at_sleep: Cell<Option<usize>>,
 }
 
 impl Env {
@@ -45,10 +50,17 @@ impl Env {
             sleeps: RefCell::new(Vec::new()),
             counter: Cell::new(0),
             logs: RefCell::new(Vec::new()),
+            gone: std::rc::Rc::new(Cell::new(false)),
+            leave_at_sleep: Cell::new(None),
         }
     }
     fn advance(&self, ms: u64) {
         self.now.set(self.now.get() + ms);
+    }
+    /// The client leaves during the `n`-th sleep from now (1 = the next one).
+    fn leave_during_sleep(&self, n: usize) {
+        self.leave_at_sleep
+            .set(Some(self.sleeps.borrow().len() + n));
     }
 }
 
@@ -59,7 +71,27 @@ impl Clock for Env {
     async fn sleep(&self, ms: u64) {
         self.advance(ms);
         self.sleeps.borrow_mut().push(ms);
+        if self.leave_at_sleep.get() == Some(self.sleeps.borrow().len()) {
+            self.gone.set(true);
+        }
         Yield(1).await;
+    }
+}
+
+impl Cancel for Env {
+    fn gone(&self) -> bool {
+        self.gone.get()
+    }
+    async fn gone_wait(&self) {
+        std::future::poll_fn(|cx| {
+            if self.gone.get() {
+                Poll::Ready(())
+            } else {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await
     }
 }
 
@@ -132,6 +164,26 @@ struct Fake {
     delays: RefCell<HashMap<String, u32>>,
     calls: RefCell<Vec<(String, UpstreamRequest)>>,
     pulled: std::rc::Rc<Cell<usize>>,
+    /// The client's flag (the pool's [`Env::gone`]), and the call (1 = the first) during
+    /// which the client leaves.
+    gone: std::rc::Rc<Cell<bool>>,
+    leave_at_call: Cell<Option<usize>>,
+    /// Calls dropped before they answered.
+    abandoned: std::rc::Rc<Cell<usize>>,
+}
+
+/// Counts a call as abandoned if it is dropped before it answers.
+struct InFlight {
+    abandoned: std::rc::Rc<Cell<usize>>,
+    answered: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.abandoned.set(self.abandoned.get() + 1);
+        }
+    }
 }
 
 impl Fake {
@@ -140,6 +192,10 @@ impl Fake {
     }
     fn clear(&self, cred: &str) {
         self.defaults.borrow_mut().remove(cred);
+    }
+    /// The client leaves while the `n`-th call from now (1 = the next one) is in flight.
+    fn leave_during_call(&self, n: usize) {
+        self.leave_at_call.set(Some(self.calls.borrow().len() + n));
     }
     fn push(&self, cred: &str, r: Reply) {
         self.queued
@@ -210,8 +266,16 @@ impl Upstream for Fake {
     ) -> Result<UpstreamResponse<FakeBody>, TransportError> {
         let cred = credential_of(&req);
         self.calls.borrow_mut().push((cred.clone(), req));
+        let mut in_flight = InFlight {
+            abandoned: self.abandoned.clone(),
+            answered: false,
+        };
+        if self.leave_at_call.get() == Some(self.calls.borrow().len()) {
+            self.gone.set(true);
+        }
         let delay = self.delays.borrow().get(&cred).copied().unwrap_or(0);
         Yield(delay).await;
+        in_flight.answered = true;
         let queued = self
             .queued
             .borrow_mut()
@@ -307,8 +371,11 @@ impl Pool {
     }
 
     fn on(db: NativeDb) -> Self {
-        let up = Fake::default();
         let env = Env::new();
+        let up = Fake {
+            gone: env.gone.clone(),
+            ..Fake::default()
+        };
         let (claude_token, codex_token) = {
             let admin = Admin::new(&db, &up, &env).unwrap();
             let c = admin
@@ -424,7 +491,9 @@ impl Pool {
         }
     }
 
+    /// Serve one request (whose client is there when it starts).
     fn send(&self, req: IncomingRequest) -> Resp {
+        self.env.gone.set(false);
         block_on(async {
             collect(Engine::new(&self.db, &self.up, &self.env).handle(req).await).await
         })
@@ -1946,4 +2015,166 @@ fn a_screened_request_reads_neither_its_route_nor_its_settings_again() {
     big.body = vec![b' '; 1025].into();
     assert_eq!(serve(big).0, 413);
     assert_eq!(p.up.seen(), Vec::<String>::new(), "the 413 went nowhere");
+}
+
+/// The latest attempt recorded for `session`: (account label, status, outcome).
+fn latest_attempt(p: &Pool, session: &str) -> (String, Option<u16>, String) {
+    let recent = p
+        .admin()
+        .explain_session(Provider::Claude, session)
+        .unwrap()
+        .recent;
+    let last = recent.last().expect("an attempt was recorded");
+    (p.label_of(&last.account), last.status, last.outcome.clone())
+}
+
+/// The cancellation log lines so far.
+fn cancel_lines(p: &Pool) -> Vec<String> {
+    p.env
+        .logs
+        .borrow()
+        .iter()
+        .filter(|l| l.starts_with(CANCELLED_MESSAGE))
+        .cloned()
+        .collect()
+}
+
+/// The client goes away during the backoff after a 503 (spec §4: "the client cancelling
+/// stops every further attempt and wait"): no further upstream attempt, no detour, the
+/// attempt is recorded `cancelled`, and pin, cursor and the account's standing are as they
+/// were; one log line says so. A new session whose client leaves so is not pinned at all.
+#[test]
+fn a_client_gone_during_the_backoff_after_a_503_stops_the_request() {
+    let p = Pool::abc();
+    assert_eq!(p.claude(Some("S")).status, 200);
+    assert_eq!(p.up.seen(), ["a"]);
+    p.up.set("a", status(503));
+    p.env.leave_during_sleep(1);
+    let r = p.claude(Some("S"));
+    assert_eq!(r.status, 499, "{}", r.body);
+    assert_eq!(p.up.seen(), ["a"], "no retry of a, no detour to b");
+    assert_eq!(
+        *p.env.sleeps.borrow(),
+        [250],
+        "the first backoff only began"
+    );
+    assert_eq!(
+        latest_attempt(&p, "S"),
+        ("a".into(), Some(503), "cancelled".into())
+    );
+    assert_eq!(p.pinned(Provider::Claude, "S").as_deref(), Some("a"));
+    assert_eq!(p.cursor().as_deref(), Some("a"));
+    assert_eq!(p.status_of("a"), crate::model::AccountStatus::Ready);
+    let lines = cancel_lines(&p);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(&p.id("a")) && lines[0].contains("(\"attempts\", \"1\")"),
+        "{lines:?}"
+    );
+    assert!(!lines[0].contains(&p.claude_token), "no secret in the log");
+
+    // A new session: its provisional pin is released, the cursor stays.
+    p.env.leave_during_sleep(1);
+    assert_eq!(p.claude(Some("N")).status, 499);
+    assert_eq!(p.up.seen(), ["a"]);
+    assert_eq!(
+        p.pinned(Provider::Claude, "N"),
+        None,
+        "a cancelled request pins nothing"
+    );
+    assert_eq!(p.cursor().as_deref(), Some("a"));
+    assert_eq!(
+        latest_attempt(&p, "N"),
+        ("a".into(), Some(503), "cancelled".into())
+    );
+
+    // With its client there, the same request retries and detours as before.
+    assert_eq!(p.claude(Some("S")).status, 200);
+    assert_eq!(p.up.seen(), ["a", "a", "a", "b"]);
+}
+
+/// The client goes away while an attempt's upstream call is in flight: the call is dropped
+/// unanswered (in the component, wasi:http aborts it), nothing else is tried, and the
+/// attempt is recorded `cancelled` with no status.
+#[test]
+fn a_client_gone_while_an_attempt_is_in_flight_drops_it() {
+    let p = Pool::abc();
+    assert_eq!(p.claude(Some("S")).status, 200);
+    p.up.seen();
+    p.up.delays.borrow_mut().insert("a".into(), 5);
+    p.up.leave_during_call(1);
+    let r = p.claude(Some("S"));
+    assert_eq!(r.status, 499, "{}", r.body);
+    assert_eq!(p.up.seen(), ["a"]);
+    assert_eq!(p.up.abandoned.get(), 1, "the call in flight was dropped");
+    assert!(p.env.sleeps.borrow().is_empty());
+    assert_eq!(
+        latest_attempt(&p, "S"),
+        ("a".into(), None, "cancelled".into())
+    );
+    assert_eq!(p.pinned(Provider::Claude, "S").as_deref(), Some("a"));
+    assert_eq!(p.cursor().as_deref(), Some("a"));
+    assert_eq!(cancel_lines(&p).len(), 1);
+}
+
+/// The client goes away during the inline wait for a short 429: the account is not tried
+/// again. The hold the upstream asked for stays (it is the upstream's word, not the
+/// request's), the pin does not move.
+#[test]
+fn a_client_gone_during_a_short_429_wait_stops_the_request() {
+    let p = Pool::abc();
+    assert_eq!(p.claude(Some("S")).status, 200);
+    p.up.seen();
+    p.up.push("a", with_headers(429, &[("retry-after", "5".into())]));
+    p.env.leave_during_sleep(1);
+    assert_eq!(p.claude(Some("S")).status, 499);
+    assert_eq!(p.up.seen(), ["a"]);
+    assert_eq!(*p.env.sleeps.borrow(), [5_000]);
+    assert_eq!(
+        latest_attempt(&p, "S"),
+        ("a".into(), Some(429), "cancelled".into())
+    );
+    assert_eq!(p.pinned(Provider::Claude, "S").as_deref(), Some("a"));
+}
+
+/// The client goes away in the middle of a relayed stream: relaying stops at once (the
+/// upstream's next chunk is not even read), with one log line; the attempt that served the
+/// head keeps its record.
+#[test]
+fn a_client_gone_mid_stream_stops_relaying() {
+    let p = Pool::abc();
+    p.up.set(
+        "a",
+        Reply::Sse(
+            vec![
+                "event: message_start\ndata: {}\n\n",
+                "event: ping\ndata: {}\n\n",
+                "event: message_stop\ndata: {}\n\n",
+            ],
+            false,
+        ),
+    );
+    block_on(async {
+        let r = Engine::new(&p.db, &p.up, &p.env)
+            .handle(p.claude_req(Some("S"), "claude-sonnet"))
+            .await;
+        assert_eq!(r.status, 200);
+        let Body::Stream(mut relay) = r.body else {
+            panic!("a stream")
+        };
+        let first = relay_next(&mut relay, &p.env).await.unwrap().unwrap();
+        assert!(first.starts_with(b"event: message_start"));
+        p.env.gone.set(true);
+        assert!(relay_next(&mut relay, &p.env).await.is_none());
+        assert!(relay_next(&mut relay, &p.env).await.is_none());
+    });
+    assert_eq!(p.up.pulled.get(), 1, "nothing more was read from upstream");
+    let lines = cancel_lines(&p);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains(&p.id("a")), "{lines:?}");
+    assert_eq!(
+        latest_attempt(&p, "S"),
+        ("a".into(), Some(200), "served".into())
+    );
+    assert_eq!(p.pinned(Provider::Claude, "S").as_deref(), Some("a"));
 }
