@@ -101,11 +101,7 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
                 })?,
             };
             let cwd = fields.opt_str("cwd")?;
-            let args = if fields.has("args") {
-                fields.strings("args")?
-            } else {
-                Vec::new()
-            };
+            let args = fields.opt_strings("args")?;
             fields.finish()?;
             // An agent CLI talks to one provider; it is the default.
             let provider = match provider.map(ProviderName::from) {

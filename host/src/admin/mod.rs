@@ -399,14 +399,20 @@ impl Fields {
 
     pub fn opt_provider(&mut self, name: &str) -> Result<Option<Provider>, ApiError> {
         if self.map.get(name).is_none_or(Value::is_null) {
+            // A null is as good as no field: read it, so `finish` does not call it unknown.
+            self.map.remove(name);
             return Ok(None);
         }
         self.provider(name).map(Some)
     }
 
-    /// Whether the body has a (non-null) field `name`.
-    pub fn has(&self, name: &str) -> bool {
-        self.map.get(name).is_some_and(|v| !v.is_null())
+    /// A list of strings, empty when the field is missing or null.
+    pub fn opt_strings(&mut self, name: &str) -> Result<Vec<String>, ApiError> {
+        if self.map.get(name).is_none_or(Value::is_null) {
+            self.map.remove(name);
+            return Ok(Vec::new());
+        }
+        self.strings(name)
     }
 
     pub fn strings(&mut self, name: &str) -> Result<Vec<String>, ApiError> {

@@ -74,7 +74,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args,
         } => {
             if agent == "http" && !args.is_empty() {
-                anyhow::bail!("arguments after `--` are for an agent CLI; name one with --agent");
+                return Err(super::UsageError(
+                    "arguments after `--` are for an agent CLI; name one with --agent".into(),
+                )
+                .into());
             }
             // The server may run elsewhere: send the directory as an absolute path.
             let cwd = cwd

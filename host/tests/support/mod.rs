@@ -32,12 +32,17 @@ pub struct Served {
 
 impl Served {
     pub fn start() -> Served {
+        Served::start_with("")
+    }
+
+    /// [`Served::start`] with more configuration text (other tables).
+    pub fn start_with(config_extra: &str) -> Served {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let config = dir.path().join("pooler.toml");
         std::fs::write(
             &config,
-            "[plugins.account-pool]\ncomponent = \"embedded\"\n",
+            format!("[plugins.account-pool]\ncomponent = \"embedded\"\n{config_extra}\n"),
         )
         .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
