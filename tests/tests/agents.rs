@@ -350,3 +350,78 @@ async fn a_missing_agent_binary_is_refused_when_the_thread_is_created() {
         "no thread was made"
     );
 }
+
+/// A Claude Code turn whose stream fails mid-answer with `overloaded_error`: the listener
+/// saw the stream begin and then the error event, so the turn fails as `overloaded` with
+/// its input accepted (as the built-in driver would describe it), and gets a backoff retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_fails_mid_answer_is_described_from_the_stream() {
+    let dir = agent_dir();
+    let h = agent_host(&dir).await;
+    oauth_account(&h, wit::Provider::Claude, "a").await;
+    h.upstream
+        .push(claude::stream_error("Let me look", "overloaded_error"));
+    let thread = agent_thread(&h, Agent::ClaudeCode, Provider::Claude, "look at it").await;
+    h.settle().await;
+    assert_eq!(
+        model_calls(&h).len(),
+        1,
+        "Claude Code's own fallback is off"
+    );
+    let turn = &h.turns(&thread)[0];
+    let failure = turn.failure.clone().expect("a failure description");
+    assert_eq!(failure.category, FailureCategory::Overloaded, "{failure:?}");
+    assert_eq!(failure.origin, FailureOrigin::Provider, "{failure:?}");
+    assert!(turn.input_accepted, "the stream had begun");
+    assert_eq!(h.rows(&thread).len(), 1, "a backoff retry");
+}
+
+/// Archiving a thread while its agent runs ends the agent's whole process group, and the
+/// turn is recorded as failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archiving_a_thread_ends_its_running_agent() {
+    let dir = agent_dir();
+    let pid_file = dir.path().join("agent.pid");
+    let fake = dir.path().join("claude");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nsleep 120 &\necho $! > '{}'\nwait\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let h = CoreSetup::new()
+        .agents(&format!("claude-code = {:?}", fake.display().to_string()))
+        .start()
+        .await;
+    let thread = agent_thread(&h, Agent::ClaudeCode, Provider::Claude, "wait").await;
+    h.wait_for("the agent to start", |_| {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    })
+    .await;
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    h.link.archive(&thread).await.expect("archived");
+    h.settle().await;
+    let turn = &h.turns(&thread)[0];
+    assert_eq!(turn.outcome, Some(TurnOutcomeKind::Failed));
+    assert!(
+        turn.failure
+            .as_ref()
+            .and_then(|f| f.message.as_deref())
+            .is_some_and(|m| m.contains("archived")),
+        "{turn:?}"
+    );
+    // SAFETY: signal 0 only asks whether the process exists.
+    h.wait_for(
+        "the agent's child to be gone",
+        |_| unsafe { libc::kill(pid, 0) } != 0,
+    )
+    .await;
+}
