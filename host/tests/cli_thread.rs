@@ -127,6 +127,8 @@ fn an_agent_thread_runs_its_agent_and_shows_its_session_and_reply() {
     assert!(text.contains("agent    codex\n"), "{text}");
     assert!(text.contains("session  t-cli-1\n"), "{text}");
     assert!(text.contains("pong"), "{text}");
+    let idle = served.fails(&["thread", "cancel", &thread], 1);
+    assert!(idle.contains("running no turn"), "{idle}");
     let seen = std::fs::read_to_string(&seen).unwrap();
     let lines: Vec<&str> = seen.lines().collect();
     assert_eq!(lines[0], work.to_str().unwrap(), "it ran in --cwd");

@@ -376,11 +376,9 @@ async fn a_stream_that_fails_mid_answer_is_described_from_the_stream() {
     assert_eq!(h.rows(&thread).len(), 1, "a backoff retry");
 }
 
-/// Archiving a thread while its agent runs ends the agent's whole process group, and the
-/// turn is recorded as failed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn archiving_a_thread_ends_its_running_agent() {
-    let dir = agent_dir();
+/// A stand-in agent that starts a child and waits for it: (its path, the file where the
+/// child's pid appears).
+fn waiting_agent(dir: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
     let pid_file = dir.path().join("agent.pid");
     let fake = dir.path().join("claude");
     std::fs::write(
@@ -393,20 +391,65 @@ async fn archiving_a_thread_ends_its_running_agent() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (fake, pid_file)
+}
+
+/// Waits for the stand-in agent's child to start; its pid.
+async fn child_pid(h: &CoreHost, pid_file: &std::path::Path) -> i32 {
+    h.wait_for("the agent to start", |_| {
+        std::fs::read_to_string(pid_file).is_ok_and(|p| p.ends_with('\n'))
+    })
+    .await;
+    std::fs::read_to_string(pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A person's cancel of a running agent turn kills the agent's process group; the turn is
+/// recorded as failed with a failure Provider Retry does not retry, and the thread takes
+/// the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_agent_turn_ends_it_without_a_retry() {
+    let dir = agent_dir();
+    let (fake, pid_file) = waiting_agent(&dir);
+    let h = CoreSetup::new()
+        .real_retry()
+        .agents(&format!("claude-code = {:?}", fake.display().to_string()))
+        .start()
+        .await;
+    let thread = agent_thread(&h, Agent::ClaudeCode, Provider::Claude, "wait").await;
+    let pid = child_pid(&h, &pid_file).await;
+    assert!(h.link.cancel_turn(&thread).expect("a thread"));
+    h.settle().await;
+    let turn = &h.turns(&thread)[0];
+    assert_eq!(turn.outcome, Some(TurnOutcomeKind::Failed));
+    let failure = turn.failure.clone().unwrap();
+    assert_eq!(failure.category, FailureCategory::Unknown, "{failure:?}");
+    assert!(failure.message.is_some_and(|m| m.contains("cancelled")));
+    assert!(h.rows(&thread).is_empty(), "no retry of a person's cancel");
+    assert!(!h.link.cancel_turn(&thread).unwrap(), "nothing runs now");
+    // SAFETY: signal 0 only asks whether the process exists.
+    h.wait_for(
+        "the agent's child to be gone",
+        |_| unsafe { libc::kill(pid, 0) } != 0,
+    )
+    .await;
+}
+
+/// Archiving a thread while its agent runs ends the agent's whole process group, and the
+/// turn is recorded as failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archiving_a_thread_ends_its_running_agent() {
+    let dir = agent_dir();
+    let (fake, pid_file) = waiting_agent(&dir);
     let h = CoreSetup::new()
         .agents(&format!("claude-code = {:?}", fake.display().to_string()))
         .start()
         .await;
     let thread = agent_thread(&h, Agent::ClaudeCode, Provider::Claude, "wait").await;
-    h.wait_for("the agent to start", |_| {
-        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
-    })
-    .await;
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = child_pid(&h, &pid_file).await;
     h.link.archive(&thread).await.expect("archived");
     h.settle().await;
     let turn = &h.turns(&thread)[0];

@@ -172,3 +172,33 @@ async fn a_person_sends_a_retry_now_bypassing_its_time_and_the_gate() {
     // Nothing left to send now.
     assert!(h.link.send_now(&thread).await.is_err());
 }
+
+/// A person's cancel of a built-in driver's turn that waits on the provider: the turn is
+/// recorded as failed at once (not retried), and the thread takes the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_turn_stops_waiting_and_the_thread_moves_on() {
+    let h = CoreSetup::new().real_retry().start().await;
+    let gate = pooler_tests::upstream::Gate::new();
+    h.upstream.push(success("late").hold_head(&gate));
+    let thread = h.new_thread().await;
+    h.send(&thread, "hello");
+    tokio::time::timeout(Duration::from_secs(20), h.upstream.wait_for_hits(1))
+        .await
+        .expect("the turn reached the provider");
+    assert!(h.link.cancel_turn(&thread).expect("a thread"));
+    h.settle().await;
+    let turns = h.turns(&thread);
+    assert_eq!(turns[0].outcome, Some(TurnOutcomeKind::Failed));
+    let failure = turns[0].failure.clone().unwrap();
+    assert_eq!(failure.category, FailureCategory::Unknown);
+    assert!(failure.message.is_some_and(|m| m.contains("cancelled")));
+    assert!(
+        h.rows(&thread).is_empty(),
+        "a person's cancel is not retried"
+    );
+    gate.open();
+    h.upstream.push(success("next"));
+    h.send(&thread, "next");
+    h.settle().await;
+    assert_eq!(h.turns(&thread)[1].outcome, Some(TurnOutcomeKind::Ok));
+}

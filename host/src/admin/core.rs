@@ -8,6 +8,7 @@
 //! | `GET /threads`                    |                             | `{"threads": [view]}` |
 //! | `GET /threads/{id}`               |                             | `{"thread": view, "turns", "rows", "history"}` |
 //! | `POST /threads/{id}/messages`     | `{text}`                    | 201 `{"thread": id, "request": id}` |
+//! | `POST /threads/{id}/cancel`       |                             | `{"thread": id, "cancelled": true}`; 404 `not-running` |
 //! | `POST /threads/{id}/archive`      |                             | `{"thread": id, "archived": true}` |
 //! | `POST /threads/{id}/send-now`     |                             | `{"sent": {thread, row, request, attempt, plugin_told}}` |
 //! | `PUT /threads/{id}/opt-out`       |                             | `{"thread": id, "retry_opt_out": true}` |
@@ -142,6 +143,15 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
             fields.finish()?;
             let request = link.send(thread, &text).map_err(refused)?;
             Reply::created(serde_json::json!({ "thread": thread, "request": request }))
+        }
+        ("POST", [thread, "cancel"]) => {
+            if !link.cancel_turn(thread).map_err(refused)? {
+                return Err(ApiError::not_found(
+                    "not-running",
+                    format!("thread `{thread}` is running no turn"),
+                ));
+            }
+            Reply::ok(serde_json::json!({ "thread": thread, "cancelled": true }))
         }
         ("POST", [thread, "archive"]) => {
             link.archive(thread).await.map_err(refused)?;

@@ -13,8 +13,10 @@ use crate::admin::{ProviderName, percent_encode};
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
     T=$(pooler thread new --provider claude \"Summarise README.md\")\n  \
+    T=$(pooler thread new --agent claude-code --cwd ~/src/app \"Fix the failing test\")\n  \
     pooler thread send \"$T\" \"Now the CHANGELOG\"\n  \
     pooler thread show \"$T\"\n  \
+    pooler thread cancel \"$T\"\n  \
     pooler thread list --json\n  \
     pooler thread archive \"$T\"")]
 pub struct Args {
@@ -57,7 +59,11 @@ enum ThreadCommand {
     Show { thread: String },
     /// Every thread, oldest first.
     List,
-    /// Archive a thread: no further turn, its queued rows removed, its route closed.
+    /// Stop the turn the thread is running now (an agent CLI's process is killed); it is
+    /// recorded as failed and not retried. The thread takes the next message.
+    Cancel { thread: String },
+    /// Archive a thread: no further turn, its queued rows removed, its route closed, a
+    /// running turn stopped.
     Archive { thread: String },
 }
 
@@ -126,6 +132,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 } else {
                     println!("{}", list_text(&threads));
                 }
+                Ok(())
+            })
+        }
+        ThreadCommand::Cancel { thread } => {
+            let answer = client
+                .post(
+                    &format!("threads/{}/cancel", percent_encode(&thread)),
+                    &json!({}),
+                )
+                .await?;
+            out.print(&answer, || {
+                println!("cancelled the running turn of thread {thread}");
                 Ok(())
             })
         }

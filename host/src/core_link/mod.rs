@@ -387,8 +387,9 @@ struct Inner {
     /// Events whose delivery failed: when they may be delivered again (host time). Kept in
     /// memory only, so a restart redelivers at once.
     redeliver_at: Mutex<HashMap<EventId, Timestamp>>,
-    /// Agent turns running, by thread: archiving the thread ends its agent's process.
-    agent_turns: Mutex<HashMap<ThreadId, tokio::sync::watch::Sender<bool>>>,
+    /// Turns running in this process, by thread: archiving the thread, or a person's
+    /// cancel, stops its turn (with the reason sent here).
+    running: Mutex<HashMap<ThreadId, watch::Sender<Option<String>>>>,
 }
 
 impl CoreLink {
@@ -427,7 +428,7 @@ impl CoreLink {
                 endpoint: RwLock::new(None),
                 host: OnceLock::new(),
                 redeliver_at: Mutex::new(HashMap::new()),
-                agent_turns: Mutex::new(HashMap::new()),
+                running: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -609,15 +610,8 @@ impl CoreLink {
             .get_thread(thread)
             .map_err(CoreError::from)?;
         self.inner.core.archive(thread)?;
-        if let Some(running) = self
-            .inner
-            .agent_turns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(thread)
-        {
-            running.send_replace(true);
-        }
+        self.inner
+            .stop_turn(thread, "the thread was archived while its turn ran");
         if let Ok(host) = self.inner.host()
             && host.has_role(Role::AccountPool)
         {
@@ -625,6 +619,18 @@ impl CoreLink {
         }
         self.inner.signals.due();
         Ok(())
+    }
+
+    /// A person's cancel of the turn `thread` is running: the turn stops (an agent CLI's
+    /// process group is killed, the built-in driver's request is dropped, so the pool stops
+    /// too) and is recorded as failed, a failure Provider Retry does not retry. False when
+    /// the thread runs no turn in this process.
+    pub fn cancel_turn(&self, thread: &str) -> Result<bool, LinkError> {
+        self.inner
+            .core
+            .get_thread(thread)
+            .map_err(CoreError::from)?;
+        Ok(self.inner.stop_turn(thread, "a person cancelled the turn"))
     }
 
     /// Opts the thread out of automatic retries (or back in).
@@ -785,9 +791,39 @@ impl Inner {
             }
         };
         tracing::info!(thread = %plan.thread, request = %plan.request, attempt = plan.attempt, trigger = %plan.trigger, agent = %plan.agent.agent, "turn started");
-        match Cli::of(plan.agent.agent) {
-            None => driver::run_and_record(&self.core, &self.driver, plan, &route).await,
-            Some(cli) => self.run_agent_turn(cli, plan, route).await,
+        let (stop, mut stopped) = watch::channel(None);
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(plan.thread.clone(), stop);
+        let recorded = match Cli::of(plan.agent.agent) {
+            None => {
+                tokio::select! {
+                    recorded = driver::run_and_record(&self.core, &self.driver, plan, &route) => recorded,
+                    why = stop_reason(&mut stopped) => {
+                        tracing::info!(thread = %plan.thread, request = %plan.request, reason = %why, "turn stopped");
+                        self.core.record_outcome(&plan.request, &stopped_outcome(&why))
+                    }
+                }
+            }
+            Some(cli) => self.run_agent_turn(cli, plan, route, &mut stopped).await,
+        };
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&plan.thread);
+        recorded
+    }
+
+    /// Stops the turn `thread` is running, if any, for `why`. True when there was one.
+    fn stop_turn(&self, thread: &str, why: &str) -> bool {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.get(thread) {
+            Some(stop) => {
+                stop.send_replace(Some(why.to_owned()));
+                true
+            }
+            None => false,
         }
     }
 
@@ -799,6 +835,7 @@ impl Inner {
         cli: Cli,
         plan: &TurnPlan,
         route: Route,
+        stopped: &mut watch::Receiver<Option<String>>,
     ) -> Result<EventId, CoreError> {
         let host = match self.host() {
             Ok(host) => host,
@@ -822,35 +859,27 @@ impl Inner {
         let invocation =
             agent::invocation(cli, plan, &route, &program, &cwd, new_session.as_deref());
         let tap = host.taps().watch(&route.token, plan.provider);
-        let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
-        self.agent_turns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(plan.thread.clone(), cancel);
         let ran = tokio::select! {
-            ran = agent::run(&invocation, cli, &self.options.agents.limits) => Some(ran),
-            _ = cancelled.wait_for(|c| *c) => None,
+            ran = agent::run(&invocation, cli, &self.options.agents.limits) => Ok(ran),
+            why = stop_reason(stopped) => Err(why),
         };
-        self.agent_turns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&plan.thread);
         let seen = tap.observation();
         drop(tap);
         let outcome = match ran {
-            Some(Ok(run)) => {
+            Ok(Ok(run)) => {
                 tracing::info!(thread = %plan.thread, request = %plan.request, agent = %cli.agent(), ok = run.report.ok, requests = seen.requests, timed_out = run.timed_out, "agent turn ended");
                 agent::outcome(plan, &run, &seen, new_session.as_deref(), self.now())
             }
-            Some(Err(e)) => unroutable(&format!(
+            Ok(Err(e)) => unroutable(&format!(
                 "the {} agent {} could not be started: {e}",
                 cli.agent(),
                 program.display()
             )),
-            None => {
-                tracing::info!(thread = %plan.thread, request = %plan.request, "agent turn ended: the thread was archived");
-                let mut outcome = unroutable("the thread was archived while its agent ran");
+            Err(why) => {
+                tracing::info!(thread = %plan.thread, request = %plan.request, reason = %why, "agent turn stopped");
+                let mut outcome = stopped_outcome(&why);
                 outcome.input_in_session = seen.requests > 0;
+                outcome.input_accepted = seen.accepted;
                 outcome
             }
         };
@@ -1115,6 +1144,32 @@ fn plugin_error(e: &PluginError) -> String {
         PluginError::Dependency(m) => format!("dependency: {m}"),
         PluginError::InvalidInput(m) => format!("invalid-input: {m}"),
     }
+}
+
+/// Resolves with the reason once the turn is asked to stop.
+async fn stop_reason(stopped: &mut watch::Receiver<Option<String>>) -> String {
+    let why = stopped
+        .wait_for(Option::is_some)
+        .await
+        .map(|why| why.clone().unwrap_or_default());
+    match why {
+        Ok(why) => why,
+        // The sender lives in the running map until the turn ends.
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// The outcome of a turn stopped by a person (cancel, archive): a failure of the host's own
+/// (`unknown`, origin `transport`), which Provider Retry does not retry.
+fn stopped_outcome(why: &str) -> TurnOutcome {
+    TurnOutcome::failed(pooler_core::Failure {
+        category: pooler_core::FailureCategory::Unknown,
+        provider_code: None,
+        http_status: None,
+        origin: pooler_core::FailureOrigin::Transport,
+        retry_after: None,
+        message: Some(why.to_string()),
+    })
 }
 
 /// The outcome of a turn that could not be sent at all.
