@@ -37,9 +37,6 @@ use crate::classify;
 use crate::driver::StreamEnd;
 use crate::model::*;
 
-/// The continuation a retry sends when the failed input is already in the agent's session.
-pub use crate::threads::CONTINUE_INPUT;
-
 /// The environment variable that carries the Codex route token (`env_key` of the provider).
 pub const CODEX_TOKEN_VAR: &str = "POOLER_CODEX_TOKEN";
 
@@ -566,6 +563,7 @@ pub fn outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::threads::CONTINUE_INPUT;
 
     fn fixture(name: &str) -> String {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,8 +4,12 @@
 //! - the `threads` import ([`CoreThreads`], answered from the core's database);
 //! - threads and their pool routes (each thread gets a route through the pool's
 //!   `routing.open-route`, served at the host's own listener);
-//! - the turn tasks: each turn is a real streaming request to the host's own listener with
-//!   the thread's route token, i.e. through the pool exactly as an agent's request would go;
+//! - the turn tasks: each turn of an `http` thread is a real streaming request to the host's
+//!   own listener with the thread's route token, i.e. through the pool exactly as an agent's
+//!   request would go; each turn of a `claude-code` or `codex` thread runs that agent CLI
+//!   with the route in its environment ([`pooler_core::agent`]), while the listener records
+//!   its answers on the route ([`crate::tap`]) for the failure description; a cancel or an
+//!   archive stops a running turn;
 //! - the outbox delivery to the provider-retry role (`turn-events`);
 //! - the due loop (concurrency gate, then `scheduler.before-dispatch`) and `on-start` /
 //!   `on-tick`;
@@ -389,7 +393,7 @@ struct Inner {
     redeliver_at: Mutex<HashMap<EventId, Timestamp>>,
     /// Turns running in this process, by thread: archiving the thread, or a person's
     /// cancel, stops its turn (with the reason sent here).
-    running: Mutex<HashMap<ThreadId, watch::Sender<Option<String>>>>,
+    running: Mutex<HashMap<ThreadId, (RequestId, watch::Sender<Option<String>>)>>,
 }
 
 impl CoreLink {
@@ -795,7 +799,7 @@ impl Inner {
         self.running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(plan.thread.clone(), stop);
+            .insert(plan.thread.clone(), (plan.request.clone(), stop));
         let recorded = match Cli::of(plan.agent.agent) {
             None => {
                 tokio::select! {
@@ -808,10 +812,15 @@ impl Inner {
             }
             Some(cli) => self.run_agent_turn(cli, plan, route, &mut stopped).await,
         };
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&plan.thread);
+        // The thread's next turn may have started once this one was recorded: its entry
+        // stays.
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if running
+            .get(&plan.thread)
+            .is_some_and(|(request, _)| *request == plan.request)
+        {
+            running.remove(&plan.thread);
+        }
         recorded
     }
 
@@ -819,7 +828,7 @@ impl Inner {
     fn stop_turn(&self, thread: &str, why: &str) -> bool {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         match running.get(thread) {
-            Some(stop) => {
+            Some((_, stop)) => {
                 stop.send_replace(Some(why.to_owned()));
                 true
             }
@@ -828,8 +837,8 @@ impl Inner {
     }
 
     /// Runs an agent CLI for `plan` with the route in its environment, watching the route
-    /// at the listener, and records the outcome. Archiving the thread, or the host
-    /// stopping, kills the agent's process group.
+    /// at the listener, and records the outcome. A cancel, archiving the thread or the host
+    /// stopping kills the agent's process group.
     async fn run_agent_turn(
         &self,
         cli: Cli,
