@@ -892,7 +892,8 @@ impl Inner {
                 outcome
             }
         };
-        self.core.record_outcome(&plan.request, &outcome)
+        self.core
+            .record_outcome(&plan.request, &redacted(outcome, &route.token))
     }
 
     /// The directory an agent runs in: the thread's own, else `DATA_DIR/threads/<id>/`
@@ -1153,6 +1154,18 @@ fn plugin_error(e: &PluginError) -> String {
         PluginError::Dependency(m) => format!("dependency: {m}"),
         PluginError::InvalidInput(m) => format!("invalid-input: {m}"),
     }
+}
+
+/// `outcome` with `token` taken out of its failure message: an agent's error text (the
+/// end of its stderr, say) may echo the route token it was given, and the core stores it.
+fn redacted(mut outcome: TurnOutcome, token: &str) -> TurnOutcome {
+    if let pooler_core::TurnResult::Failed { failure, .. } = &mut outcome.result
+        && let Some(message) = failure.message.as_mut()
+        && token.len() >= 8
+    {
+        *message = message.replace(token, "[redacted]");
+    }
+    outcome
 }
 
 /// Resolves with the reason once the turn is asked to stop.
@@ -1431,6 +1444,22 @@ mod tests {
             woke(&mut rx),
             "a pass is running and may have read the queue already"
         );
+    }
+
+    #[test]
+    fn an_agents_failure_text_never_keeps_the_route_token() {
+        let token = "route-token-0123456789";
+        let outcome = redacted(
+            unroutable(&format!("claude: invalid token {token} (401)")),
+            token,
+        );
+        match outcome.result {
+            pooler_core::TurnResult::Failed { failure, .. } => assert_eq!(
+                failure.message.as_deref(),
+                Some("claude: invalid token [redacted] (401)")
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
