@@ -393,7 +393,7 @@ struct Inner {
     redeliver_at: Mutex<HashMap<EventId, Timestamp>>,
     /// Turns running in this process, by thread: archiving the thread, or a person's
     /// cancel, stops its turn (with the reason sent here).
-    running: Mutex<HashMap<ThreadId, (RequestId, watch::Sender<Option<String>>)>>,
+    running: Mutex<HashMap<ThreadId, StopHandle>>,
 }
 
 impl CoreLink {
@@ -1167,6 +1167,9 @@ fn redacted(mut outcome: TurnOutcome, token: &str) -> TurnOutcome {
     }
     outcome
 }
+
+/// A running turn's request and the sender that stops it with a reason.
+type StopHandle = (RequestId, watch::Sender<Option<String>>);
 
 /// Resolves with the reason once the turn is asked to stop.
 async fn stop_reason(stopped: &mut watch::Receiver<Option<String>>) -> String {
