@@ -27,7 +27,8 @@ struct Seen {
     headers: HashMap<String, String>,
 }
 
-/// A fake Anthropic API on 127.0.0.1: answers every request 200 with a small message and
+/// A fake Anthropic API on 127.0.0.1: refuses what the real API refuses (the strict rules of
+/// `pooler_tests::provider`), answers every other request 200 with a small message, and
 /// records what it saw.
 struct Upstream {
     url: String,
@@ -61,6 +62,7 @@ fn serve_one(stream: TcpStream, record: &Mutex<Vec<Seen>>) {
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
         return;
     }
+    let method = line.split_whitespace().next().unwrap_or("").to_owned();
     let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
     let mut headers = HashMap::new();
     loop {
@@ -74,15 +76,15 @@ fn serve_one(stream: TcpStream, record: &Mutex<Vec<Seen>>) {
             headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
         }
     }
-    let length: usize = headers
-        .get("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).unwrap();
+    let body = support::read_body(&mut reader, &headers).expect("a whole request body");
+    let refusal = support::claude_refusal(&method, &path, &headers, &body);
     record.lock().unwrap().push(Seen { path, headers });
-    let answer = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
     let mut stream = stream;
+    if let Some(refusal) = refusal {
+        stream.write_all(&refusal).unwrap();
+        return;
+    }
+    let answer = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
     write!(
         stream,
         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",

@@ -1,6 +1,7 @@
 //! `pooler retry status|explain|cancel` as a user meets them: a real `pooler serve` process
 //! with the embedded plugins, a pool account pointed at a fake Anthropic upstream on
-//! 127.0.0.1 that answers every request 429 with `Retry-After: 3600`, and a thread whose
+//! 127.0.0.1 that refuses what the real API refuses and answers every other request 429
+//! with `Retry-After: 3600`, and a thread whose
 //! first turn fails on it. Provider Retry schedules a retry about an hour ahead (the account
 //! is held); the commands list it, explain it in words and cancel it. A thread with nothing
 //! pending is an error (exit 1) that says so.
@@ -10,7 +11,7 @@
 
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::Arc;
@@ -52,7 +53,7 @@ fn rate_limit(stream: TcpStream, count: &AtomicUsize) {
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
         return;
     }
-    let mut length = 0usize;
+    let mut headers = std::collections::HashMap::new();
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header).unwrap_or(0) == 0 {
@@ -62,17 +63,21 @@ fn rate_limit(stream: TcpStream, count: &AtomicUsize) {
         if header.is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':')
-            && name.trim().eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
+        if let Some((name, value)) = header.split_once(':') {
+            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
         }
     }
-    let mut body = vec![0; length];
-    if reader.read_exact(&mut body).is_err() {
+    let Some(body) = support::read_body(&mut reader, &headers) else {
+        return;
+    };
+    count.fetch_add(1, Ordering::SeqCst);
+    let mut words = line.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    if let Some(refusal) = support::claude_refusal(method, path, &headers, &body) {
+        let mut stream = stream;
+        let _ = stream.write_all(&refusal);
         return;
     }
-    count.fetch_add(1, Ordering::SeqCst);
     let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
     let mut stream = stream;
     let _ = write!(

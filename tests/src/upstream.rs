@@ -141,6 +141,41 @@ impl Reply {
     pub fn status_code(&self) -> u16 {
         self.status
     }
+
+    /// The headers this reply sends.
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
+    /// The whole body this reply sends (its chunks, without pauses or breaks).
+    pub fn body_bytes(&self) -> Vec<u8> {
+        self.steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Chunk(bytes) => Some(bytes.as_ref()),
+                _ => None,
+            })
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    /// The reply as HTTP/1.1 bytes with `connection: close`, for fakes that write to a
+    /// socket themselves.
+    pub fn to_http1(&self) -> Vec<u8> {
+        let body = self.body_bytes();
+        let mut head = format!("HTTP/1.1 {} \r\n", self.status);
+        for (name, value) in &self.headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str(&format!(
+            "content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        ));
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&body);
+        out
+    }
 }
 
 /// A request the upstream received.

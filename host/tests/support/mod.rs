@@ -188,3 +188,60 @@ impl Drop for Served {
         let _ = self.child.wait();
     }
 }
+
+/// The refusal the real Anthropic API would give a request a raw-socket fake received (the
+/// strict rules of `pooler_tests::provider`), as HTTP/1.1 bytes; `None` when it would serve
+/// it. The fakes of these tests answer with it instead of their own reply.
+#[allow(dead_code)] // not every test binary has a fake upstream
+pub fn claude_refusal(
+    method: &str,
+    path: &str,
+    headers: &std::collections::HashMap<String, String>,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let received = pooler_tests::upstream::Received {
+        method: method.to_owned(),
+        path: path.to_owned(),
+        headers: headers
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect(),
+        body: body.to_vec().into(),
+    };
+    pooler_tests::provider::refusal(pooler_tests::provider::Contract::Api, &received)
+        .map(|reply| reply.to_http1())
+}
+
+/// The body of a request a raw-socket fake is reading, after its head: `content-length`
+/// bytes, or the chunks of a `transfer-encoding: chunked` body (how the pool's wasi:http
+/// requests arrive). `None` when the connection ends first.
+#[allow(dead_code)] // not every test binary has a fake upstream
+pub fn read_body(
+    reader: &mut impl std::io::BufRead,
+    headers: &std::collections::HashMap<String, String>,
+) -> Option<Vec<u8>> {
+    let chunked = headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    if !chunked {
+        let length = headers
+            .get("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).ok()?;
+        return Some(body);
+    }
+    let mut body = Vec::new();
+    loop {
+        let mut size = String::new();
+        reader.read_line(&mut size).ok()?;
+        let size = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+        let mut chunk = vec![0; size + 2];
+        reader.read_exact(&mut chunk).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(&chunk[..size]);
+    }
+}
