@@ -71,7 +71,7 @@ impl Cli {
 pub struct AgentLimits {
     /// Real time a turn may run before its process group is killed.
     pub time_limit: Duration,
-    /// The longest output line kept (longer lines are cut there), and the most of stderr
+    /// The longest output line read (a longer one is skipped whole), and the most of stderr
     /// kept (its end).
     pub max_line_bytes: usize,
 }
@@ -308,7 +308,8 @@ impl Drop for GroupGuard {
     }
 }
 
-/// Reads `reader` line by line into `on_line`, cutting lines at `max` bytes.
+/// Reads `reader` line by line into `on_line`. A line longer than `max` bytes is read
+/// through but not kept (no JSON report is that long); blank lines are skipped.
 async fn read_lines(
     reader: impl AsyncRead + Unpin,
     max: usize,
@@ -340,7 +341,7 @@ async fn read_lines(
         if line.is_empty() && reader.fill_buf().await?.is_empty() {
             return Ok(());
         }
-        if kept_all {
+        if kept_all && !line.is_empty() {
             on_line(&String::from_utf8_lossy(&line));
         }
     }
@@ -906,6 +907,16 @@ mod tests {
                 reply: "pong".into()
             }
         );
+    }
+
+    #[tokio::test]
+    async fn output_lines_are_read_whole_and_an_overlong_one_is_skipped() {
+        let input = format!("one\n\n{}\ntwo\nlast", "x".repeat(100));
+        let mut lines = Vec::new();
+        read_lines(input.as_bytes(), 10, |l| lines.push(l.to_owned()))
+            .await
+            .unwrap();
+        assert_eq!(lines, ["one", "two", "last"]);
     }
 
     #[tokio::test]
