@@ -232,8 +232,9 @@ struct Load {
 
 /// User + system CPU time this process has used so far, in seconds.
 fn process_cpu() -> f64 {
-    // SAFETY: getrusage only writes the struct it is given.
+    // SAFETY: `rusage` is plain integers, for which all zeroes is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage only writes the struct it is given.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(usage.ru_utime) + secs(usage.ru_stime)

@@ -394,6 +394,12 @@ fn waiting_agent(dir: &tempfile::TempDir) -> (std::path::PathBuf, std::path::Pat
     (fake, pid_file)
 }
 
+/// Whether process `pid` exists.
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
 /// Waits for the stand-in agent's child to start; its pid.
 async fn child_pid(h: &CoreHost, pid_file: &std::path::Path) -> i32 {
     h.wait_for("the agent to start", |_| {
@@ -430,12 +436,8 @@ async fn cancelling_a_running_agent_turn_ends_it_without_a_retry() {
     assert!(failure.message.is_some_and(|m| m.contains("cancelled")));
     assert!(h.rows(&thread).is_empty(), "no retry of a person's cancel");
     assert!(!h.link.cancel_turn(&thread).unwrap(), "nothing runs now");
-    // SAFETY: signal 0 only asks whether the process exists.
-    h.wait_for(
-        "the agent's child to be gone",
-        |_| unsafe { libc::kill(pid, 0) } != 0,
-    )
-    .await;
+    h.wait_for("the agent's child to be gone", |_| !alive(pid))
+        .await;
 }
 
 /// Archiving a thread while its agent runs ends the agent's whole process group, and the
@@ -461,10 +463,6 @@ async fn archiving_a_thread_ends_its_running_agent() {
             .is_some_and(|m| m.contains("archived")),
         "{turn:?}"
     );
-    // SAFETY: signal 0 only asks whether the process exists.
-    h.wait_for(
-        "the agent's child to be gone",
-        |_| unsafe { libc::kill(pid, 0) } != 0,
-    )
-    .await;
+    h.wait_for("the agent's child to be gone", |_| !alive(pid))
+        .await;
 }

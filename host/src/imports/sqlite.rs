@@ -727,9 +727,9 @@ fn wait_for_lock(attempt: i32) -> bool {
         return false;
     };
     let sleep = || match WAITING.get() {
-        // SAFETY: the pointer is set only for the duration of a call made through
-        // `with_commits`, which holds an `Arc` to it; the handler runs inside that call.
         Some((commits, seen)) => {
+            // SAFETY: the pointer is set only for the duration of a call made through
+            // `with_commits`, which holds an `Arc` to it; the handler runs inside that call.
             let now = unsafe { &*commits }.wait_past(seen, delay);
             WAITING.set(Some((commits, now)));
         }
