@@ -23,6 +23,13 @@ use bindings::wasi::random::random;
 
 use pooler_plugin_kit::{Db, DbError, Rows, Value};
 
+/// Rust's std imports some WASI interfaces itself (streams, stdio, environment, exit, the
+/// insecure seed) at the older 0.2 version it was built with. Linking `wasip2`'s
+/// description of the same interfaces at 0.2.12 lets the component tooling merge the two,
+/// so the component imports WASI at one version, the contract's (README, `wit/deps`).
+#[used]
+static WASI_VERSION: fn() -> (u64, u64) = wasip2::random::insecure_seed::insecure_seed;
+
 use crate::engine::Engine;
 use crate::policy::Random;
 use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, RowMove, Threads};
