@@ -1,7 +1,7 @@
 //! The core's own database file, `DATA_DIR/core.sqlite3`: opening it safely (directory 0700,
-//! file 0600, WAL with `synchronous=NORMAL`, busy timeout, foreign keys) and the schema
-//! migrations, which are idempotent: each runs once, recorded in `PRAGMA user_version`,
-//! inside a transaction.
+//! file 0600, WAL with `synchronous=NORMAL`, busy timeout, foreign keys; why:
+//! `docs/04-sqlite-settings.md`) and the schema migrations, which are idempotent: each runs
+//! once, recorded in `PRAGMA user_version`, inside a transaction.
 
 use std::fs::{DirBuilder, OpenOptions, Permissions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -181,21 +181,18 @@ pub fn open(data_dir: &Path) -> Result<(Connection, PathBuf), CoreError> {
     let mut conn = Connection::open(&path)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    // Durability. In WAL mode, NORMAL syncs the log at checkpoints instead of on every
-    // commit. A commit is written to the WAL file before it returns, so a crash of the
-    // process loses nothing and the database stays consistent; only a power loss (or an OS
-    // crash) can roll back the last commits, and it never corrupts the file. FULL cost one
-    // fsync per commit, and the queue's bookkeeping commits once per `threads` call: one
-    // availability change that moves 10,000 rows made 10,000 fsyncs (issue 5). What must
-    // survive even a power loss (a turn about to be sent to a provider) is committed with
-    // `Core::write_durable`, which syncs that commit and everything before it.
+    // Durability. In WAL mode, NORMAL syncs at checkpoints, not on every commit: a crash
+    // of the process loses nothing; a power loss (or an OS crash) can roll back the last
+    // commits, never corrupt the file. FULL cost an fsync per `threads` call's commit
+    // (docs/04-sqlite-settings.md). What must survive a power loss (a turn about to be
+    // sent to a provider) is committed with `Core::write_durable`, which syncs it.
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     // Room for every statement the core runs (about 60), so none is parsed twice.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     // Keep a cached statement's plan when it is rebound: without this SQLite re-plans a
-    // statement whose plan could depend on a bound value every time its bindings are
-    // cleared, i.e. on every reuse from the cache (a tenth of a re-evaluation pass's CPU).
+    // statement whose plan could depend on a bound value on every reuse from the cache
+    // (docs/04-sqlite-settings.md).
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,

@@ -36,7 +36,7 @@ pub fn build(limits: EngineLimits, cache_dir: Option<&Path>) -> anyhow::Result<E
     let mut config = Config::new();
     config.wasm_component_model(true);
     // No WASI 0.3 / component-model async here: turning concurrency support off makes every
-    // call cheaper (TOOLCHAIN.md: a no-op call 525 -> 171 ns).
+    // call cheaper (`shared/TOOLCHAIN.md`: a no-op call 525 -> 171 ns).
     config.concurrency_support(false);
     // Deadlines: guests check the epoch at loop heads and function entries.
     config.epoch_interruption(true);

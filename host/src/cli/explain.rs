@@ -9,9 +9,10 @@
 //! Timestamps are unix epoch milliseconds; the words print them as UTC `HH:MM:SS`, and a
 //! chain's heading carries the full date.
 //!
-//! This is the renderer of record: `plugins/provider-retry/src/explain.rs` renders the same
-//! words over the plugin's own types (the host does not depend on plugin crates); the tests
-//! here pin every trigger and action.
+//! This is the only renderer: the plugin records its history as data (`Engine::record` and
+//! `store::add_history` in `plugins/provider-retry/src/`; only a signal's causes arrive in
+//! words, from `ChangeCause::words` in its `types.rs`), so a replacement plugin's history
+//! reads the same. The tests here pin every trigger and action.
 
 use serde::{Deserialize, Serialize};
 

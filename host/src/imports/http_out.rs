@@ -1,6 +1,6 @@
 //! Outgoing `wasi:http` requests: wasmtime-wasi-http's `send_request` hook, replaced so that
 //! every request goes through one shared keep-alive client (wasmtime-wasi-http's default
-//! opens a connection per request; TOOLCHAIN.md measured +30–45 % req/s) and is checked
+//! opens a connection per request; `shared/TOOLCHAIN.md`: +30–45 % req/s) and is checked
 //! against the calling plugin's allow-list of hosts first. The list is empty by default
 //! (deny); a refused request fails with `HTTP-request-denied`, an error the guest sees and
 //! handles — it is not a trap. The guest's request options are honoured: connect, first

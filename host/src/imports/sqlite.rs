@@ -1,36 +1,21 @@
 //! The `sqlite` import: each plugin's own SQLite databases, over rusqlite.
 //!
-//! A database name maps to `DATA_DIR/plugins/<plugin-id>/<name>.sqlite3`; the directory is
-//! created 0700 and files 0600, and names that could leave the directory (or are awkward as
-//! file names) are refused. Every connection runs in WAL mode with a 5 s busy timeout and
-//! foreign keys on, and may not attach other database files. SQL errors are returned as the
-//! WIT `error` variant, never as traps. Dropping a connection rolls back a transaction left
-//! open.
+//! A database name maps to `DATA_DIR/plugins/<plugin-id>/<name>.sqlite3` (directory 0700,
+//! files 0600); names that could leave the directory are refused, and so is attaching
+//! another file. SQL errors are WIT `error` values, never traps; dropping a connection rolls
+//! back a transaction left open. The settings (WAL, `synchronous=NORMAL`, 5 s of lock waits,
+//! foreign keys, QPSG) and the measurements behind them: `docs/04-sqlite-settings.md`.
 //!
-//! Host connections outlive the instances that use them: they live in a [`ConnectionCache`]
-//! keyed by file. A fresh instance per request would otherwise open and close the database
-//! on every request, and closing the last connection of a WAL database checkpoints it, syncs
-//! it twice and deletes its -wal and -shm files, which the next open creates again: measured
-//! at several milliseconds per pooled request.
+//! Host connections outlive instances ([`ConnectionCache`], per file), and a guest's
+//! `connection` borrows one per statement, holding it only inside a transaction or after
+//! changing per-connection state (a pragma given a value, a temporary table, `ATTACH ''`),
+//! so the most used connection keeps its page cache. Hence `last-insert-rowid` is kept per
+//! guest connection, while SQL's `changes()` outside a transaction may report another
+//! instance's statement.
 //!
-//! A guest's `connection` holds a host connection only while it needs one of its own: inside
-//! a transaction, or for good once it has changed per-connection state (a pragma given a
-//! value, a temporary table, `ATTACH ''`). Between statements otherwise it holds none, and
-//! each statement runs on the file's most recently used idle connection. So at any moment
-//! few host connections are in use however many instances are alive, and the one most used
-//! keeps its page cache: SQLite drops a connection's whole page cache when it begins reading
-//! after *another* connection committed, and with one connection per live instance (64 at
-//! 64 concurrent requests) nearly every transaction re-read every page it touched.
-//! `last-insert-rowid` (and SQL's `last_insert_rowid()`) stays per guest connection; SQL's
-//! `changes()` reports the host connection's last statement, which outside a transaction
-//! may be another instance's.
-//!
-//! Calls run synchronously on the calling task: SQLite work here is short, and a plugin
-//! waiting on a lock is bounded by the busy timeout. Waiting on a lock is the exception: the
-//! busy handler hands the runtime worker to other tasks before it sleeps
-//! (`block_in_place`), because the lock holder may be another guest that yielded between
-//! its `BEGIN IMMEDIATE` and its `COMMIT`; with every worker asleep in a busy handler it
-//! could never run to release the lock, and every waiter would fail after the timeout.
+//! Calls run synchronously on the calling task; only a lock wait hands the worker on
+//! (`block_in_place`), because the holder may be another guest between its `BEGIN` and its
+//! `COMMIT` that needs a worker to finish.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -56,28 +41,23 @@ pub const MAX_CONNECTIONS: usize = 8;
 /// Longest database name.
 pub const MAX_NAME_CHARS: usize = 64;
 /// Idle connections kept per database file; more than this in use at once are closed when
-/// dropped. Each request in flight holds one, so this bounds what a burst leaves open; with
-/// 16, a load of 64 concurrent pooled requests opened and closed a connection on most
-/// requests (measured 437 vs 576 requests/s at 64 clients).
+/// dropped. Sized for 64 concurrent requests, which 16 made reopen on most requests
+/// (`docs/04-sqlite-settings.md`).
 pub const MAX_IDLE_PER_DATABASE: usize = 64;
 /// How often the host looks at plugin databases' write-ahead logs, to copy them back into
 /// the database files or start them over ([`ConnectionCache::checkpoint`]), off the
 /// request path.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// Log frames (pages) after which the background checkpoint restarts the write-ahead log
-/// (~16 MiB of 4 KiB pages). A `PASSIVE` checkpoint never lets the log restart while
-/// commits keep coming: the log starts over only when a writer begins with every frame
-/// copied back, and a busy database commits again during every checkpoint's syncs. So under
-/// steady load the log grew to [`AUTOCHECKPOINT_PAGES`] (64 MiB), and then every commit
-/// checkpointed inline, two syncs on a request's way, until one happened to finish alone:
-/// ~60 in a row at 64 clients.
+/// (~16 MiB of 4 KiB pages): under steady load `PASSIVE` alone never lets the log start
+/// over, and it grows until commits checkpoint inline (`docs/04-sqlite-settings.md`).
 const RESTART_FRAMES: i64 = 4_096;
 /// How long a restarting checkpoint waits for the writer and the readers before it gives
 /// up until the next tick. Writers wait while it holds the write lock.
 const RESTART_WAIT: Duration = Duration::from_millis(100);
 /// WAL pages after which a committing connection checkpoints by itself: only reached when
-/// the background checkpoints fall behind. SQLite's default (1,000 pages) made every
-/// ~250th pooled request copy the log back and sync the database file twice on its way.
+/// the background checkpoints fall behind (SQLite's default, 1,000, put that on the request
+/// path; `docs/04-sqlite-settings.md`).
 const AUTOCHECKPOINT_PAGES: i64 = 16_384;
 /// Prepared statements kept per connection. A plugin issues a few dozen distinct
 /// statements; preparing one costs more than running it.
@@ -96,8 +76,7 @@ pub struct ConnectionCache {
 
 /// Write transactions ended on one database file (committed or rolled back), counted so
 /// a connection waiting for the write lock wakes as soon as it may be free instead of
-/// sleeping a fixed time and polling. Under load that polling was most of a pooled
-/// request's time: at 64 clients each request waited ~3 times, ~11 ms in all.
+/// polling, which under load was most of a pooled request's time.
 #[derive(Default)]
 pub struct Commits {
     count: Mutex<u64>,
@@ -574,10 +553,8 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
     conn.busy_handler(Some(wait_for_lock)).map_err(map_error)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(map_error)?;
-    // In WAL mode, NORMAL syncs at checkpoints instead of on every commit: a crash of the
-    // host or the plugin loses nothing and the database stays consistent; only a power
-    // loss can drop the last transactions. FULL cost an fsync per commit, and a pooled
-    // request commits several times (pins, cursor, observations).
+    // NORMAL (in WAL) syncs at checkpoints, not per commit: a crash loses nothing, a power
+    // loss only the last commits. FULL cost an fsync per commit (docs/04-sqlite-settings.md).
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(map_error)?;
     conn.pragma_update(None, "foreign_keys", "ON")
@@ -585,11 +562,8 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
     conn.pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)
         .map_err(map_error)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    // Keep a prepared statement's plan when its parameters are rebound. Otherwise SQLite
-    // marks a statement whose plan *could* depend on a bound value (a parameter compared in
-    // a join, a LIKE, ...) for re-preparing whenever its bindings are cleared, which the
-    // statement cache does on every reuse: a cached three-join SELECT was parsed and planned
-    // again on every run (measured 60-110 µs instead of 15).
+    // Keep a cached statement's plan when it is rebound: otherwise SQLite re-plans one whose
+    // plan could depend on a bound value on every reuse (docs/04-sqlite-settings.md).
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,
@@ -718,10 +692,9 @@ fn with_commits<R>(commits: Option<&Arc<Commits>>, f: impl FnOnce() -> R) -> R {
 /// other tasks (the lock holder among them) keep running meanwhile. Only contended calls get
 /// here.
 ///
-/// The waits start at 50 µs and double up to 10 ms. Plugin transactions last tens of
-/// microseconds, and the usual contention is a request's first transaction meeting the
-/// previous request's last one (its response already sent): SQLite's own schedule, which
-/// starts at 1 ms and soon waits 25 ms, cost a pooled request ~10 ms of sleeping.
+/// The waits start at 50 µs and double up to 10 ms, because plugin transactions last tens
+/// of microseconds; SQLite's own schedule (1 ms, soon 25 ms) oversleeps them
+/// (`docs/04-sqlite-settings.md`).
 fn wait_for_lock(attempt: i32) -> bool {
     let Some(delay) = lock_wait(attempt) else {
         return false;
