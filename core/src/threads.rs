@@ -114,21 +114,6 @@ impl Core {
         Ok(())
     }
 
-    /// Records the agent session of a thread as soon as the agent names it (before its
-    /// turn ends, so a crash mid-turn still resumes the same session).
-    pub fn set_agent_session(&self, thread: &str, session: &str) -> Result<(), CoreError> {
-        validate_text("an agent session id", session)?;
-        let now = self.now();
-        self.write(|tx| {
-            require_thread(tx, thread)?;
-            tx.exec(
-                "UPDATE threads SET agent_session = ?2, updated_at = ?3 WHERE id = ?1",
-                params![thread, session, now],
-            )?;
-            Ok(())
-        })
-    }
-
     /// Replaces (or removes) a thread's pool route.
     pub fn set_route(&self, thread: &str, route: Option<Route>) -> Result<(), CoreError> {
         let now = self.now();

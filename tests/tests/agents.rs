@@ -9,12 +9,11 @@ use std::time::Duration;
 use pooler_core::agent::Cli;
 use pooler_core::{Agent, AgentSpec, FailureCategory, FailureOrigin, Provider, ThreadStatus};
 use pooler_core::{TurnOutcomeKind, TurnTrigger};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, Credential, NewAccount, OauthCredential,
-};
+use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{AccountInfo, NewAccount};
 use pooler_host::bindings::types as wit;
 use pooler_tests::agents::{isolated_binary, occurrences};
 use pooler_tests::core::{CoreHost, CoreSetup};
+use pooler_tests::pool::oauth;
 use pooler_tests::provider::{claude, codex};
 use pooler_tests::upstream::Received;
 
@@ -44,21 +43,11 @@ fn agent_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary directory")
 }
 
-/// A subscription (OAuth) account; `letter` marks its tokens.
+/// A subscription (OAuth) account; `letter` marks its tokens (`pool::oauth`).
 async fn oauth_account(h: &CoreHost, provider: wit::Provider, letter: &str) -> AccountInfo {
-    let access_token = match provider {
-        wit::Provider::Claude => format!("sk-ant-oat01-tok-{letter}"),
-        wit::Provider::Codex => format!("tok-{letter}"),
-    };
     h.add_account(NewAccount {
         provider,
-        credential: Credential::Oauth(OauthCredential {
-            access_token,
-            refresh_token: format!("refresh-{letter}"),
-            expires_at: None,
-            chatgpt_account_id: (provider == wit::Provider::Codex)
-                .then(|| format!("acct-{letter}")),
-        }),
+        credential: oauth(provider, letter, None),
         label: None,
         priority: None,
     })
