@@ -147,6 +147,8 @@ impl CoreSetup {
     /// Start the host, serve on loopback, and set the pool up in front of a fresh fake
     /// upstream with one Claude API-key account.
     pub async fn start(self) -> CoreHost {
+        // Before the host exists, so no line it logs is missed by a test that looks later.
+        crate::logs::logs();
         let data = tempfile::tempdir().expect("a temporary data directory");
         let clock = ManualClock::new(START_MS);
         let upstream = FakeUpstream::strict(Contract::Api).await;

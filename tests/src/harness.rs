@@ -76,6 +76,8 @@ impl Setup {
 
     /// Start the host (inside a tokio runtime).
     pub fn start(self) -> anyhow::Result<TestHost> {
+        // Before the host exists, so no line it logs is missed by a test that looks later.
+        crate::logs::logs();
         let data = tempfile::tempdir()?;
         let clock = ManualClock::new(START_MS);
         let sleepers = Arc::new(Sleepers::default());

@@ -94,7 +94,9 @@ impl<S: Subscriber> Layer<S> for Capture {
     }
 }
 
-/// The capture, installed on first use.
+/// The capture, installed on first use. A line logged before that is not captured, so the
+/// harnesses (`PoolSetup::start`, `CoreSetup::start`, `harness::Setup::start`) install it before
+/// they start a host.
 pub fn logs() -> Arc<Logs> {
     static LOGS: OnceLock<Arc<Logs>> = OnceLock::new();
     LOGS.get_or_init(|| {

@@ -141,6 +141,8 @@ impl PoolSetup {
     }
 
     pub async fn start(self) -> Pool {
+        // Before the host exists, so no line it logs is missed by a test that looks later.
+        crate::logs::logs();
         let upstream = FakeUpstream::strict(Contract::Api).await;
         let tokens = FakeUpstream::strict(Contract::TokenEndpoint).await;
         let mut host = self
