@@ -3,9 +3,12 @@
 
 use super::*;
 use crate::admin::{Admin, NewAccount};
-use crate::model::{Availability, BlockCause, ChangeCause, UnavailableReason};
+use crate::model::{
+    Availability, BlockCause, ChangeCause, Credential, OAuthTokens, UnavailableReason,
+};
+use crate::store::TOUCH_GRANULARITY_MS;
 use futures::executor::block_on;
-use pooler_plugin_kit::{NativeDb, Rows, Value};
+use pooler_plugin_kit::{DbError, NativeDb, Rows, Value};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
