@@ -7,7 +7,7 @@ use super::{
     Upstream, UpstreamRequest, UpstreamResponse, unless_gone,
 };
 use crate::http::{self, Headers, PoolError};
-use crate::model::{ChangeCause, Credential, HoldKind, Provider};
+use crate::model::{ChangeCause, Credential, HoldKind, OAuthTokens, Provider};
 use crate::policy::{self, AccountState, AttemptOutcome, Classified};
 use crate::quota;
 use crate::settings::Settings;
@@ -45,6 +45,26 @@ enum Backoff {
     Gone,
 }
 
+/// What one attempt has been through so far, across its tries of the same account.
+struct Tries {
+    /// Transient failures retried so far.
+    retries: u32,
+    /// Time slept backing off from them.
+    slept: u64,
+    /// Whether the token was refreshed after a refusal (once per attempt).
+    refreshed: bool,
+    /// The last answer the account gave this attempt (what a cancelled one records).
+    status: Option<u16>,
+}
+
+/// What one try leaves its attempt to do.
+enum Next<B> {
+    /// Try the same account again.
+    Again,
+    /// The attempt came to this.
+    Done(Attempt<B>),
+}
+
 impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
     /// One account: send, classify, and retry the same account where the outcome table
     /// says so (transient failures with backoff, one short-429 wait, one token refresh).
@@ -56,221 +76,325 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         state: &AccountState,
         waited: &mut Vec<String>,
     ) -> Result<Attempt<U::Body>, DbError> {
-        let s = ctx.settings;
-        let id = state.id.as_str();
-        let upstream_name = ctx.provider.upstream_name();
-        let mut retries = 0u32;
-        let mut slept = 0u64;
-        let mut refreshed = false;
-        // The last answer the account gave this attempt (what a cancelled one records).
-        let mut status: Option<u16> = None;
+        let mut tries = Tries {
+            retries: 0,
+            slept: 0,
+            refreshed: false,
+            status: None,
+        };
         loop {
-            if self.env.gone() {
-                return Ok(Attempt::Cancelled { status });
-            }
-            let now = self.env.now();
-            self.last_try.set(now);
-            // A token refresh started here runs to its end even if the client leaves
-            // meanwhile: the endpoint may already have spent the old refresh token, and
-            // only storing its answer keeps the account signed in.
-            let credential = match self.usable_credential(ctx.provider, state, s).await? {
-                Ok(c) => c,
-                // Whatever kept the credential from us, the client's leaving comes first.
-                Err(_) if self.env.gone() => return Ok(Attempt::Cancelled { status }),
-                Err(failed) => return Ok(failed),
+            let next = match self.send_try(ctx, state, &mut tries).await? {
+                Ok((credential, response)) => {
+                    self.judge(ctx, &state.id, &credential, response, waited, &mut tries)
+                        .await?
+                }
+                Err(next) => next,
             };
-            if self.env.gone() {
-                return Ok(Attempt::Cancelled { status });
-            }
-            let request = self.upstream_request(ctx, &credential);
-            self.sends.set(self.sends.get() + 1);
-            status = None;
-            // Dropped unanswered when the client goes: wasi:http then aborts the request.
-            let sent = match unless_gone(self.env, self.upstream.send(request)).await {
-                Raced::Done(sent) => sent,
-                Raced::Gone => return Ok(Attempt::Cancelled { status: None }),
-            };
-            let now = self.env.now();
-            let mut response = match sent {
-                Ok(r) => r,
-                Err(TransportError(code)) => {
-                    self.env.log(
-                        Level::Warn,
-                        "Account Pooler upstream transport failed",
-                        &[
-                            ("provider", ctx.provider.to_string()),
-                            ("account", id.to_owned()),
-                            ("error", code),
-                        ],
-                    );
-                    let failure = PoolError::pool(
-                        502,
-                        format!("Account Pooler could not reach {upstream_name}."),
-                    );
-                    match self.transient_retry(s, &mut retries, &mut slept).await {
-                        Backoff::Retry => continue,
-                        Backoff::Gone => return Ok(Attempt::Cancelled { status }),
-                        Backoff::GiveUp => {}
-                    }
-                    return Ok(Attempt::Failed {
-                        outcome: AttemptOutcome::Transient,
-                        failure: Some(failure),
-                    });
-                }
-            };
-            status = Some(response.status);
-            let obs = match ctx.provider {
-                Provider::Claude => quota::parse_claude_headers(&response.headers, now),
-                Provider::Codex => quota::parse_codex_headers(&response.headers, now),
-            };
-            self.observe(ctx.provider, id, &obs, s.switch_threshold, now)?;
-            match policy::classify(response.status, &obs, ctx.family, now) {
-                Classified::Served => {
-                    return Ok(Attempt::Respond {
-                        response,
-                        served: true,
-                    });
-                }
-                Classified::PassThrough => {
-                    return Ok(Attempt::Respond {
-                        response,
-                        served: false,
-                    });
-                }
-                Classified::Quota => {
-                    return Ok(Attempt::Failed {
-                        outcome: AttemptOutcome::Quota,
-                        failure: None,
-                    });
-                }
-                Classified::Family => {
-                    return Ok(Attempt::Failed {
-                        outcome: AttemptOutcome::Family,
-                        failure: None,
-                    });
-                }
-                Classified::Transient => {
-                    let Raced::Done(failure) =
-                        unless_gone(self.env, upstream_failure(&mut response, now)).await
-                    else {
-                        return Ok(Attempt::Cancelled { status });
-                    };
-                    match self.transient_retry(s, &mut retries, &mut slept).await {
-                        Backoff::Retry => continue,
-                        Backoff::Gone => return Ok(Attempt::Cancelled { status }),
-                        Backoff::GiveUp => {}
-                    }
-                    return Ok(Attempt::Failed {
-                        outcome: AttemptOutcome::Transient,
-                        failure: Some(failure),
-                    });
-                }
-                Classified::RateLimited => {
-                    let wait = quota::parse_retry_after(response.headers.get("retry-after"), now);
-                    // The hold is the upstream's word about the account, not this request's
-                    // doing: it stays even if the client leaves during the wait.
-                    self.store.set_hold(id, now + wait, HoldKind::RateLimit)?;
-                    let Raced::Done(failure) =
-                        unless_gone(self.env, upstream_failure(&mut response, now)).await
-                    else {
-                        return Ok(Attempt::Cancelled { status });
-                    };
-                    if wait <= s.inline_wait_ms && !waited.iter().any(|w| w == id) {
-                        waited.push(id.to_owned());
-                        if let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await {
-                            return Ok(Attempt::Cancelled { status });
-                        }
-                        continue;
-                    }
-                    return Ok(Attempt::Failed {
-                        outcome: AttemptOutcome::Hold,
-                        failure: Some(failure),
-                    });
-                }
-                Classified::AuthRefused => {
-                    let Raced::Done(failure) =
-                        unless_gone(self.env, upstream_failure(&mut response, now)).await
-                    else {
-                        return Ok(Attempt::Cancelled { status });
-                    };
-                    match &credential {
-                        Credential::ApiKey(_) => {
-                            let text =
-                                format!("{upstream_name} refused the API key: {}", failure.message);
-                            if self.store.set_error(id, &text)? {
-                                self.store
-                                    .push_signal(ctx.provider, ChangeCause::ErrorSet, now)?;
-                            }
-                            return Ok(Attempt::Failed {
-                                outcome: AttemptOutcome::Auth,
-                                failure: Some(failure),
-                            });
-                        }
-                        Credential::OAuth(tokens) if !refreshed => {
-                            match self.refresh(ctx.provider, id, tokens, s).await? {
-                                Refreshed::Tokens(_) => {
-                                    refreshed = true;
-                                    continue;
-                                }
-                                Refreshed::Refused(status) => {
-                                    // The upstream refused the token and the refresh is refused too.
-                                    if self.store.access_token(id)?.as_deref()
-                                        == Some(tokens.access_token.as_str())
-                                    {
-                                        self.mark_error(
-                                            ctx.provider,
-                                            id,
-                                            &format!("OAuth refresh failed with HTTP {status}."),
-                                            now,
-                                        )?;
-                                    }
-                                    return Ok(Attempt::Failed {
-                                        outcome: AttemptOutcome::Auth,
-                                        failure: Some(failure),
-                                    });
-                                }
-                                // It stopped waiting for another request's refresh.
-                                Refreshed::Transient(_) if self.env.gone() => {
-                                    return Ok(Attempt::Cancelled { status });
-                                }
-                                Refreshed::Transient(_) => {
-                                    let f = PoolError::pool(
-                                        503,
-                                        format!(
-                                            "Account Pooler could not refresh the {upstream_name} sign-in; try again shortly."
-                                        ),
-                                    );
-                                    return Ok(Attempt::Failed {
-                                        outcome: AttemptOutcome::Transient,
-                                        failure: Some(f),
-                                    });
-                                }
-                            }
-                        }
-                        Credential::OAuth(tokens) => {
-                            // Refused again with a fresh token: not an auth error; hold that token.
-                            if self.store.access_token(id)?.as_deref()
-                                == Some(tokens.access_token.as_str())
-                            {
-                                self.store
-                                    .set_hold(id, now + s.token_hold_ms, HoldKind::Token)?;
-                            }
-                            let f = PoolError::pool(
-                                503,
-                                format!(
-                                    "{upstream_name} refused a freshly refreshed token; treating it as an upstream failure: {}",
-                                    failure.message
-                                ),
-                            );
-                            return Ok(Attempt::Failed {
-                                outcome: AttemptOutcome::Hold,
-                                failure: Some(f),
-                            });
-                        }
-                    }
-                }
+            if let Next::Done(attempt) = next {
+                return Ok(attempt);
             }
         }
+    }
+
+    /// One try up to the account's answer: the credential to send (refreshed when due),
+    /// then the upstream call. `Err` says what the try came to when no answer arrived.
+    async fn send_try(
+        &self,
+        ctx: &Ctx<'_>,
+        state: &AccountState,
+        tries: &mut Tries,
+    ) -> Result<Result<(Credential, UpstreamResponse<U::Body>), Next<U::Body>>, DbError> {
+        let cancelled = |status| Ok(Err(Next::Done(Attempt::Cancelled { status })));
+        if self.env.gone() {
+            return cancelled(tries.status);
+        }
+        let now = self.env.now();
+        self.last_try.set(now);
+        // A token refresh started here runs to its end even if the client leaves
+        // meanwhile: the endpoint may already have spent the old refresh token, and
+        // only storing its answer keeps the account signed in.
+        let credential = match self
+            .usable_credential(ctx.provider, state, ctx.settings)
+            .await?
+        {
+            Ok(c) => c,
+            // Whatever kept the credential from us, the client's leaving comes first.
+            Err(_) if self.env.gone() => return cancelled(tries.status),
+            Err(failed) => return Ok(Err(Next::Done(failed))),
+        };
+        if self.env.gone() {
+            return cancelled(tries.status);
+        }
+        let request = self.upstream_request(ctx, &credential);
+        self.sends.set(self.sends.get() + 1);
+        tries.status = None;
+        // Dropped unanswered when the client goes: wasi:http then aborts the request.
+        let sent = match unless_gone(self.env, self.upstream.send(request)).await {
+            Raced::Done(sent) => sent,
+            Raced::Gone => return cancelled(None),
+        };
+        match sent {
+            Ok(response) => Ok(Ok((credential, response))),
+            Err(TransportError(code)) => {
+                self.env.log(
+                    Level::Warn,
+                    "Account Pooler upstream transport failed",
+                    &[
+                        ("provider", ctx.provider.to_string()),
+                        ("account", state.id.clone()),
+                        ("error", code),
+                    ],
+                );
+                let failure = PoolError::pool(
+                    502,
+                    format!(
+                        "Account Pooler could not reach {}.",
+                        ctx.provider.upstream_name()
+                    ),
+                );
+                Ok(Err(self
+                    .retry_transient(ctx.settings, tries, failure)
+                    .await))
+            }
+        }
+    }
+
+    /// What the account's answer says: its quota observation is merged, then the outcome
+    /// table decides whether it is the response, a failure, or a reason to try again.
+    async fn judge(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        credential: &Credential,
+        mut response: UpstreamResponse<U::Body>,
+        waited: &mut Vec<String>,
+        tries: &mut Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        let s = ctx.settings;
+        let now = self.env.now();
+        tries.status = Some(response.status);
+        let obs = match ctx.provider {
+            Provider::Claude => quota::parse_claude_headers(&response.headers, now),
+            Provider::Codex => quota::parse_codex_headers(&response.headers, now),
+        };
+        self.observe(ctx.provider, id, &obs, s.switch_threshold, now)?;
+        let failed = |outcome, failure| Ok(Next::Done(Attempt::Failed { outcome, failure }));
+        match policy::classify(response.status, &obs, ctx.family, now) {
+            Classified::Served => Ok(Next::Done(Attempt::Respond {
+                response,
+                served: true,
+            })),
+            Classified::PassThrough => Ok(Next::Done(Attempt::Respond {
+                response,
+                served: false,
+            })),
+            Classified::Quota => failed(AttemptOutcome::Quota, None),
+            Classified::Family => failed(AttemptOutcome::Family, None),
+            Classified::Transient => {
+                let Raced::Done(failure) =
+                    unless_gone(self.env, upstream_failure(&mut response, now)).await
+                else {
+                    return Ok(Next::Done(Attempt::Cancelled {
+                        status: tries.status,
+                    }));
+                };
+                Ok(self.retry_transient(s, tries, failure).await)
+            }
+            Classified::RateLimited => {
+                self.rate_limited(ctx, id, &mut response, now, waited, tries)
+                    .await
+            }
+            Classified::AuthRefused => {
+                self.auth_refused(ctx, id, credential, &mut response, now, tries)
+                    .await
+            }
+        }
+    }
+
+    /// After a transient failure: the same account again once the backoff allows, else
+    /// the failure (or the client's leaving, during the wait).
+    async fn retry_transient(
+        &self,
+        s: &Settings,
+        tries: &mut Tries,
+        failure: PoolError,
+    ) -> Next<U::Body> {
+        match self
+            .transient_retry(s, &mut tries.retries, &mut tries.slept)
+            .await
+        {
+            Backoff::Retry => Next::Again,
+            Backoff::Gone => Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            }),
+            Backoff::GiveUp => Next::Done(Attempt::Failed {
+                outcome: AttemptOutcome::Transient,
+                failure: Some(failure),
+            }),
+        }
+    }
+
+    /// A 429: hold the account for its Retry-After; wait it out here once if it is short,
+    /// else fail over.
+    async fn rate_limited(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        response: &mut UpstreamResponse<U::Body>,
+        now: u64,
+        waited: &mut Vec<String>,
+        tries: &Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        let wait = quota::parse_retry_after(response.headers.get("retry-after"), now);
+        // The hold is the upstream's word about the account, not this request's
+        // doing: it stays even if the client leaves during the wait.
+        self.store.set_hold(id, now + wait, HoldKind::RateLimit)?;
+        let Raced::Done(failure) = unless_gone(self.env, upstream_failure(response, now)).await
+        else {
+            return Ok(Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            }));
+        };
+        if wait <= ctx.settings.inline_wait_ms && !waited.iter().any(|w| w == id) {
+            waited.push(id.to_owned());
+            if let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await {
+                return Ok(Next::Done(Attempt::Cancelled {
+                    status: tries.status,
+                }));
+            }
+            return Ok(Next::Again);
+        }
+        Ok(Next::Done(Attempt::Failed {
+            outcome: AttemptOutcome::Hold,
+            failure: Some(failure),
+        }))
+    }
+
+    /// The upstream refused the credential: an API key is in error; an OAuth token is
+    /// refreshed once and tried again, and a freshly refreshed one refused again is held.
+    async fn auth_refused(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        credential: &Credential,
+        response: &mut UpstreamResponse<U::Body>,
+        now: u64,
+        tries: &mut Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        let Raced::Done(failure) = unless_gone(self.env, upstream_failure(response, now)).await
+        else {
+            return Ok(Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            }));
+        };
+        match credential {
+            Credential::ApiKey(_) => self.api_key_refused(ctx, id, failure, now),
+            Credential::OAuth(tokens) if !tries.refreshed => {
+                self.refresh_after_refusal(ctx, id, tokens, failure, now, tries)
+                    .await
+            }
+            Credential::OAuth(tokens) => self.fresh_token_refused(ctx, id, tokens, &failure, now),
+        }
+    }
+
+    /// A refused API key: the account is in error until a person fixes it.
+    fn api_key_refused(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        failure: PoolError,
+        now: u64,
+    ) -> Result<Next<U::Body>, DbError> {
+        let text = format!(
+            "{} refused the API key: {}",
+            ctx.provider.upstream_name(),
+            failure.message
+        );
+        if self.store.set_error(id, &text)? {
+            self.store
+                .push_signal(ctx.provider, ChangeCause::ErrorSet, now)?;
+        }
+        Ok(Next::Done(Attempt::Failed {
+            outcome: AttemptOutcome::Auth,
+            failure: Some(failure),
+        }))
+    }
+
+    /// A refused OAuth token, the first time in this attempt: refresh it and try again.
+    async fn refresh_after_refusal(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        tokens: &OAuthTokens,
+        failure: PoolError,
+        now: u64,
+        tries: &mut Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        match self.refresh(ctx.provider, id, tokens, ctx.settings).await? {
+            Refreshed::Tokens(_) => {
+                tries.refreshed = true;
+                Ok(Next::Again)
+            }
+            Refreshed::Refused(status) => {
+                // The upstream refused the token and the refresh is refused too.
+                if self.store.access_token(id)?.as_deref() == Some(tokens.access_token.as_str()) {
+                    self.mark_error(
+                        ctx.provider,
+                        id,
+                        &format!("OAuth refresh failed with HTTP {status}."),
+                        now,
+                    )?;
+                }
+                Ok(Next::Done(Attempt::Failed {
+                    outcome: AttemptOutcome::Auth,
+                    failure: Some(failure),
+                }))
+            }
+            // It stopped waiting for another request's refresh.
+            Refreshed::Transient(_) if self.env.gone() => Ok(Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            })),
+            Refreshed::Transient(_) => {
+                let f = PoolError::pool(
+                    503,
+                    format!(
+                        "Account Pooler could not refresh the {} sign-in; try again shortly.",
+                        ctx.provider.upstream_name()
+                    ),
+                );
+                Ok(Next::Done(Attempt::Failed {
+                    outcome: AttemptOutcome::Transient,
+                    failure: Some(f),
+                }))
+            }
+        }
+    }
+
+    /// A freshly refreshed OAuth token refused again: not an auth error; hold that token.
+    fn fresh_token_refused(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        tokens: &OAuthTokens,
+        failure: &PoolError,
+        now: u64,
+    ) -> Result<Next<U::Body>, DbError> {
+        if self.store.access_token(id)?.as_deref() == Some(tokens.access_token.as_str()) {
+            self.store
+                .set_hold(id, now + ctx.settings.token_hold_ms, HoldKind::Token)?;
+        }
+        let f = PoolError::pool(
+            503,
+            format!(
+                "{} refused a freshly refreshed token; treating it as an upstream failure: {}",
+                ctx.provider.upstream_name(),
+                failure.message
+            ),
+        );
+        Ok(Next::Done(Attempt::Failed {
+            outcome: AttemptOutcome::Hold,
+            failure: Some(f),
+        }))
     }
 
     /// Wait before another same-account try after a transient failure, if the retry limit
