@@ -1,0 +1,373 @@
+//! The `accounts` interface: adding (a key, OAuth tokens, a login file), removing,
+//! enabling and disabling, priority and order, refreshing and listing accounts, and how
+//! a person sees an account (no secret).
+
+use super::Admin;
+use crate::engine::{Cancel, Clock, Log, Random, Upstream, new_id};
+use crate::model::{
+    AccountStatus, ChangeCause, Credential, CredentialKind, Family, OAuthTokens, Provider,
+};
+use crate::oauth;
+use crate::policy::{self, AccountState};
+use crate::quota::BlockingReset;
+use pooler_plugin_kit::{Db, DbError};
+
+/// An account to add.
+#[derive(Debug, Clone)]
+pub struct NewAccount {
+    pub provider: Provider,
+    pub credential: Credential,
+    pub label: Option<String>,
+    pub priority: Option<i32>,
+}
+
+/// One quota window as a person sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowInfo {
+    pub name: String,
+    pub family: Option<Family>,
+    pub utilization: Option<f64>,
+    pub resets_at: Option<u64>,
+    pub status: Option<String>,
+    pub blocking: bool,
+    pub observed_at: u64,
+}
+
+/// An account as a person sees it: no secret.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountInfo {
+    pub id: String,
+    pub provider: Provider,
+    pub kind: CredentialKind,
+    pub label: String,
+    pub priority: i32,
+    pub enabled: bool,
+    pub status: AccountStatus,
+    pub secret_hint: String,
+    pub created_at: u64,
+    pub last_used_at: Option<u64>,
+    pub error: Option<String>,
+    pub held_until: Option<u64>,
+    pub needs_sign_in: bool,
+    pub token_expires_at: Option<u64>,
+    pub windows: Vec<WindowInfo>,
+    pub blocking_reset: Option<u64>,
+}
+
+/// Why an account operation was refused (mirror of the WIT `accounts-error`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccountsError {
+    NoSuchAccount(String),
+    ApiKeyNotSupported(Provider),
+    InvalidCredential(String),
+    InvalidLoginFile(String),
+    InvalidLabel(String),
+    InvalidOrder(String),
+    RefreshRefused(String),
+    UpstreamUnreachable(String),
+    Storage(String),
+}
+
+impl From<DbError> for AccountsError {
+    fn from(e: DbError) -> Self {
+        AccountsError::Storage(e.to_string())
+    }
+}
+
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+    fn info(&self, a: &AccountState) -> Result<AccountInfo, DbError> {
+        let now = self.env.now();
+        let threshold = self.store.settings()?.switch_threshold;
+        let meta = self.store.account_meta(&a.id)?;
+        let hint = self
+            .store
+            .credential(&a.id)?
+            .map_or_else(|| "missing".to_owned(), |c| c.hint());
+        let status = policy::status(a, threshold, now);
+        let blocking_reset = match policy::blocked_until(a, None, threshold, now) {
+            Some(Some(t)) if t > now => Some(t),
+            _ => match a.quota.blocking_reset(None, now) {
+                BlockingReset::At(t) => Some(t),
+                _ => None,
+            },
+        };
+        let windows = a
+            .quota
+            .windows
+            .iter()
+            .map(|w| WindowInfo {
+                name: w.name.clone(),
+                family: w.family,
+                utilization: w.utilization,
+                resets_at: w.resets_at,
+                status: w.status.clone(),
+                blocking: w.rejected(now) && (w.family.is_none() || !a.quota.extra_usage(now)),
+                observed_at: w.observed_at,
+            })
+            .collect();
+        Ok(AccountInfo {
+            id: a.id.clone(),
+            provider: a.provider,
+            kind: a.kind,
+            label: meta.as_ref().map_or_else(String::new, |m| m.label.clone()),
+            priority: a.priority,
+            enabled: a.enabled,
+            status,
+            secret_hint: hint,
+            created_at: meta.as_ref().map_or(0, |m| m.created_at),
+            last_used_at: meta.and_then(|m| m.last_used_at),
+            error: a.error.clone(),
+            held_until: a.held_until.filter(|t| *t > now),
+            needs_sign_in: a.needs_sign_in,
+            token_expires_at: a.token_expires_at,
+            windows,
+            blocking_reset,
+        })
+    }
+
+    fn account_info(&self, id: &str) -> Result<AccountInfo, AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        Ok(self.info(&a)?)
+    }
+
+    /// Add an account.
+    pub fn add(&self, new: NewAccount) -> Result<AccountInfo, AccountsError> {
+        let NewAccount {
+            provider,
+            credential,
+            label,
+            priority,
+        } = new;
+        match &credential {
+            Credential::ApiKey(_) if provider != Provider::Claude => {
+                return Err(AccountsError::ApiKeyNotSupported(provider));
+            }
+            Credential::ApiKey(k) if k.trim().is_empty() || k.chars().any(char::is_control) => {
+                return Err(AccountsError::InvalidCredential(
+                    "api-key is empty or contains control characters".into(),
+                ));
+            }
+            Credential::OAuth(t) => validate_oauth(provider, t)?,
+            Credential::ApiKey(_) => {}
+        }
+        let label = match label {
+            Some(l) if l.trim().is_empty() || l.chars().count() > 200 => {
+                return Err(AccountsError::InvalidLabel(
+                    "a label must be 1 to 200 characters".into(),
+                ));
+            }
+            Some(l) => l,
+            None => match (provider, credential.kind()) {
+                (Provider::Claude, CredentialKind::ApiKey) => "Claude API key".to_owned(),
+                (Provider::Claude, CredentialKind::OAuth) => "Claude account".to_owned(),
+                (Provider::Codex, _) => "Codex account".to_owned(),
+            },
+        };
+        let id = new_id(self.env);
+        self.store.insert_account(
+            &id,
+            provider,
+            &credential,
+            &label,
+            priority.unwrap_or(0),
+            self.env.now(),
+        )?;
+        self.signal(provider, ChangeCause::AccountAdded)?;
+        self.account_info(&id)
+    }
+
+    /// Add an account from a Claude Code or Codex CLI login file's contents.
+    pub fn import_login(
+        &self,
+        provider: Provider,
+        contents: &str,
+        label: Option<String>,
+        priority: Option<i32>,
+    ) -> Result<AccountInfo, AccountsError> {
+        let tokens =
+            oauth::parse_login_file(provider, contents).map_err(AccountsError::InvalidLoginFile)?;
+        self.add(NewAccount {
+            provider,
+            credential: Credential::OAuth(tokens),
+            label,
+            priority,
+        })
+    }
+
+    pub fn remove(&self, id: &str) -> Result<(), AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        self.store.remove_account(id)?;
+        self.signal(a.provider, ChangeCause::AccountRemoved)?;
+        Ok(())
+    }
+
+    /// Enable an account; clears its error, hold and refresh backoff.
+    pub fn enable(&self, id: &str) -> Result<AccountInfo, AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        self.store.set_enabled(id, true)?;
+        self.store.clear_refresh_failure(id)?;
+        self.signal(a.provider, ChangeCause::AccountEnabled)?;
+        if a.error.is_some() {
+            self.signal(a.provider, ChangeCause::ErrorCleared)?;
+        }
+        self.account_info(id)
+    }
+
+    pub fn disable(&self, id: &str) -> Result<AccountInfo, AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        self.store.set_enabled(id, false)?;
+        if a.enabled {
+            self.signal(a.provider, ChangeCause::AccountDisabled)?;
+        }
+        self.account_info(id)
+    }
+
+    pub fn set_priority(&self, id: &str, priority: i32) -> Result<AccountInfo, AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        self.store.set_priority(id, priority)?;
+        self.signal(a.provider, ChangeCause::PriorityChanged)?;
+        self.account_info(id)
+    }
+
+    /// Reorder a provider's accounts: `ids` must name each exactly once. Priorities become
+    /// 0, 1, 2, …; the cursor does not move.
+    pub fn reorder(
+        &self,
+        provider: Provider,
+        ids: &[String],
+    ) -> Result<Vec<AccountInfo>, AccountsError> {
+        let current: Vec<String> = self
+            .store
+            .accounts(Some(provider))?
+            .into_iter()
+            .map(|a| a.id)
+            .collect();
+        let mut problems = Vec::new();
+        let missing: Vec<&String> = current.iter().filter(|c| !ids.contains(c)).collect();
+        if !missing.is_empty() {
+            problems.push(format!("missing {}", join(&missing)));
+        }
+        let unknown: Vec<&String> = ids.iter().filter(|i| !current.contains(i)).collect();
+        if !unknown.is_empty() {
+            problems.push(format!("unknown {}", join(&unknown)));
+        }
+        let mut dups: Vec<&String> = ids
+            .iter()
+            .enumerate()
+            .filter(|(n, i)| ids[..*n].contains(i))
+            .map(|(_, i)| i)
+            .collect();
+        dups.dedup();
+        if !dups.is_empty() {
+            problems.push(format!("duplicate {}", join(&dups)));
+        }
+        if !problems.is_empty() {
+            return Err(AccountsError::InvalidOrder(format!(
+                "the list must name every {provider} account exactly once: {}",
+                problems.join("; ")
+            )));
+        }
+        self.store.tx(|s| {
+            for (n, id) in ids.iter().enumerate() {
+                s.set_priority(id, i32::try_from(n).unwrap_or(i32::MAX))?;
+            }
+            Ok(())
+        })?;
+        self.signal(provider, ChangeCause::PriorityChanged)?;
+        self.list(Some(provider))
+    }
+
+    /// Refresh usage now; for an OAuth account in error or flagged, force a token refresh
+    /// first (success clears the error and the flag).
+    pub async fn refresh(&self, id: &str) -> Result<AccountInfo, AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        let s = self.store.settings()?;
+        if a.kind == CredentialKind::OAuth && (a.error.is_some() || a.needs_sign_in) {
+            let Some(Credential::OAuth(tokens)) = self.store.credential(id)? else {
+                return Err(AccountsError::InvalidCredential(
+                    "the account has no OAuth credential".into(),
+                ));
+            };
+            match self.engine.refresh(a.provider, id, &tokens, &s).await? {
+                crate::engine::Refreshed::Tokens(_) => {
+                    if self.store.clear_error(id)? {
+                        self.signal(a.provider, ChangeCause::ErrorCleared)?;
+                    }
+                }
+                crate::engine::Refreshed::Refused(status) => {
+                    let text = format!("OAuth refresh failed with HTTP {status}.");
+                    if a.error.is_some() {
+                        self.store.set_error(id, &text)?;
+                    }
+                    return Err(AccountsError::RefreshRefused(format!("HTTP {status}")));
+                }
+                crate::engine::Refreshed::Transient(detail) => {
+                    return Err(AccountsError::UpstreamUnreachable(detail));
+                }
+            }
+        }
+        if a.kind == CredentialKind::OAuth
+            && let Err(why) = self.engine.refresh_usage(a.provider, id, &s).await?
+        {
+            return Err(AccountsError::UpstreamUnreachable(why.to_string()));
+        }
+        self.account_info(id)
+    }
+
+    /// Accounts of one provider or all, in selection order.
+    pub fn list(&self, provider: Option<Provider>) -> Result<Vec<AccountInfo>, AccountsError> {
+        let accounts = self.store.accounts(provider)?;
+        accounts.iter().map(|a| Ok(self.info(a)?)).collect()
+    }
+}
+
+fn join(ids: &[&String]) -> String {
+    ids.iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn validate_oauth(provider: Provider, t: &OAuthTokens) -> Result<(), AccountsError> {
+    let bad = |s: &str| s.trim().is_empty() || s.chars().any(char::is_control);
+    if bad(&t.access_token) {
+        return Err(AccountsError::InvalidCredential(
+            "access-token is empty or contains control characters".into(),
+        ));
+    }
+    if bad(&t.refresh_token) {
+        return Err(AccountsError::InvalidCredential(
+            "refresh-token is empty or contains control characters".into(),
+        ));
+    }
+    match (provider, &t.chatgpt_account_id) {
+        (Provider::Codex, None) => Err(AccountsError::InvalidCredential(
+            "chatgpt-account-id is required for Codex".into(),
+        )),
+        (Provider::Codex, Some(a)) if bad(a) => Err(AccountsError::InvalidCredential(
+            "chatgpt-account-id is empty".into(),
+        )),
+        (Provider::Claude, Some(_)) => Err(AccountsError::InvalidCredential(
+            "chatgpt-account-id must be absent for Claude".into(),
+        )),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,200 @@
+//! The `routing` interface: opening and closing a thread's route (its token and the
+//! environment an agent needs), and explaining where a session is pinned and why.
+
+use super::Admin;
+use crate::engine::{Cancel, Clock, Log, Random, Upstream};
+use crate::model::Provider;
+use crate::session;
+use crate::store::AttemptRow;
+use crate::token;
+use pooler_plugin_kit::{Db, DbError};
+
+/// Why a routing operation was refused (mirror of the WIT `routing-error`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutingError {
+    InvalidThread(String),
+    InvalidEndpoint(String),
+    NoSuchRoute,
+    InvalidSession(String),
+    Storage(String),
+}
+
+impl From<DbError> for RoutingError {
+    fn from(e: DbError) -> Self {
+        RoutingError::Storage(e.to_string())
+    }
+}
+
+/// A route, with its token (returned once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub thread: String,
+    pub provider: Provider,
+    pub base_url: String,
+    pub token: String,
+    pub env: Vec<(String, String)>,
+    pub args: Vec<String>,
+    pub config_lines: Vec<String>,
+    pub opened_at: u64,
+}
+
+/// Where a session is pinned and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionExplanation {
+    pub provider: Provider,
+    pub key: String,
+    pub account: Option<String>,
+    pub thread: Option<String>,
+    pub last_used_at: Option<u64>,
+    pub expires_at: Option<u64>,
+    pub why: String,
+    pub recent: Vec<AttemptRow>,
+}
+
+/// The name of the environment variable that holds a Codex route's token.
+pub const CODEX_TOKEN_VAR: &str = "POOLER_CODEX_TOKEN";
+
+fn valid_thread(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= 128 && !s.chars().any(char::is_control)
+}
+
+fn valid_endpoint(s: &str) -> bool {
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"));
+    rest.is_some_and(|r| {
+        !r.is_empty()
+            && !r.starts_with('/')
+            && !r.chars().any(|c| c.is_whitespace() || c.is_control())
+    })
+}
+
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+    /// Open (or re-open, replacing the token) a thread's route for a provider.
+    pub fn open_route(
+        &self,
+        thread: &str,
+        provider: Provider,
+        endpoint: &str,
+    ) -> Result<Route, RoutingError> {
+        if !valid_thread(thread) {
+            return Err(RoutingError::InvalidThread(
+                "a thread id must be 1 to 128 characters without control characters".into(),
+            ));
+        }
+        let endpoint = endpoint.trim().trim_end_matches('/');
+        if !valid_endpoint(endpoint) {
+            return Err(RoutingError::InvalidEndpoint(format!(
+                "{endpoint:?} is not an absolute http(s) URL"
+            )));
+        }
+        let mut bytes = [0u8; 32];
+        self.env.fill(&mut bytes);
+        let secret = token::encode(&bytes);
+        let now = self.env.now();
+        self.store
+            .open_route(thread, provider, &token::hash(&secret), now)?;
+        let (base_url, env, args, config_lines) = match provider {
+            Provider::Claude => (
+                endpoint.to_owned(),
+                vec![
+                    ("ANTHROPIC_BASE_URL".to_owned(), endpoint.to_owned()),
+                    ("ANTHROPIC_AUTH_TOKEN".to_owned(), secret.clone()),
+                ],
+                Vec::new(),
+                Vec::new(),
+            ),
+            Provider::Codex => {
+                let base = format!("{endpoint}/v1");
+                let args = vec![
+                    "-c".into(),
+                    "model_providers.pooler.name=\"Pooler\"".into(),
+                    "-c".into(),
+                    format!("model_providers.pooler.base_url=\"{base}\""),
+                    "-c".into(),
+                    "model_providers.pooler.wire_api=\"responses\"".into(),
+                    "-c".into(),
+                    format!("model_providers.pooler.env_key=\"{CODEX_TOKEN_VAR}\""),
+                    "-c".into(),
+                    "model_provider=\"pooler\"".into(),
+                ];
+                let lines = vec![
+                    "model_provider = \"pooler\"".into(),
+                    "[model_providers.pooler]".into(),
+                    "name = \"Pooler\"".into(),
+                    format!("base_url = \"{base}\""),
+                    "wire_api = \"responses\"".into(),
+                    format!("env_key = \"{CODEX_TOKEN_VAR}\""),
+                ];
+                (
+                    base,
+                    vec![(CODEX_TOKEN_VAR.to_owned(), secret.clone())],
+                    args,
+                    lines,
+                )
+            }
+        };
+        Ok(Route {
+            thread: thread.to_owned(),
+            provider,
+            base_url,
+            token: secret,
+            env,
+            args,
+            config_lines,
+            opened_at: now,
+        })
+    }
+
+    pub fn close_route(&self, thread: &str, provider: Provider) -> Result<(), RoutingError> {
+        if !valid_thread(thread) {
+            return Err(RoutingError::InvalidThread(
+                "a thread id must be 1 to 128 characters without control characters".into(),
+            ));
+        }
+        if self.store.close_route(thread, provider)? {
+            Ok(())
+        } else {
+            Err(RoutingError::NoSuchRoute)
+        }
+    }
+
+    pub fn has_route(&self, thread: &str, provider: Provider) -> Result<bool, DbError> {
+        self.store.has_route(thread, provider)
+    }
+
+    /// Where a session is pinned and why, with its latest attempts.
+    pub fn explain_session(
+        &self,
+        provider: Provider,
+        session: &str,
+    ) -> Result<SessionExplanation, RoutingError> {
+        let key = session::normalise_key(session).ok_or_else(|| {
+            RoutingError::InvalidSession(
+                "a session must be 1 to 512 characters without control characters".into(),
+            )
+        })?;
+        let now = self.env.now();
+        let lifetime = self.store.settings()?.pin_lifetime_ms;
+        let pin = self.store.pin(provider, &key, now, lifetime)?;
+        let recent = self.store.recent_attempts(provider, &key)?;
+        let why = match &pin {
+            Some(p) if p.provisional => "claimed by a request still in flight".to_owned(),
+            Some(p) => p.why.clone(),
+            None if recent.is_empty() => {
+                "no pin: the pool has not seen this session (or its pin expired)".to_owned()
+            }
+            None => "no pin: its pin expired or no request of it succeeded".to_owned(),
+        };
+        Ok(SessionExplanation {
+            provider,
+            account: pin.as_ref().map(|p| p.account.clone()),
+            thread: pin.as_ref().and_then(|p| p.thread.clone()),
+            last_used_at: pin.as_ref().map(|p| p.last_used_at),
+            expires_at: pin.as_ref().map(|p| p.last_used_at + lifetime),
+            why,
+            recent,
+            key,
+        })
+    }
+}

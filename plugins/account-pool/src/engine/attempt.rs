@@ -1,0 +1,478 @@
+//! One attempt on one account: send with the account's credential, record what the
+//! answer says about the account's quota, classify it by the outcome table, and retry the
+//! same account where the table says so (transient failures, a short 429, one refresh).
+
+use super::{
+    Cancel, Clock, Ctx, Deadlines, Engine, Level, Log, Raced, Random, Refreshed, TransportError,
+    Upstream, UpstreamRequest, UpstreamResponse, unless_gone,
+};
+use crate::http::{self, Headers, PoolError};
+use crate::model::{ChangeCause, Credential, HoldKind, OAuthTokens, Provider};
+use crate::policy::{self, AccountState, AttemptOutcome, Classified};
+use crate::quota;
+use crate::settings::Settings;
+use crate::stream::{self, BodyStream};
+use pooler_plugin_kit::{Db, DbError};
+
+/// How much of a failed upstream body is kept as its detail.
+const DETAIL_LIMIT: usize = 1024;
+
+/// What one attempt on one account came to.
+pub(super) enum Attempt<B> {
+    /// A response for the client: 2xx served, or passed through as is.
+    Respond {
+        response: UpstreamResponse<B>,
+        served: bool,
+    },
+    /// The account could not serve; the failure (if any) is what the client sees if
+    /// nothing else serves.
+    Failed {
+        outcome: AttemptOutcome,
+        failure: Option<PoolError>,
+    },
+    /// The client went away: the attempt stopped where it stood. `status` is the last
+    /// answer the account gave it (None when it had none, or its call was in flight).
+    Cancelled { status: Option<u16> },
+}
+
+/// What to do after a transient failure ([`Engine::transient_retry`]).
+enum Backoff {
+    /// The wait is over: try the same account again.
+    Retry,
+    /// No retry is left (or it would wait past the inline wait limit).
+    GiveUp,
+    /// The client went away during the wait.
+    Gone,
+}
+
+/// What one attempt has been through so far, across its tries of the same account.
+struct Tries {
+    /// Transient failures retried so far.
+    retries: u32,
+    /// Time slept backing off from them.
+    slept: u64,
+    /// Whether the token was refreshed after a refusal (once per attempt).
+    refreshed: bool,
+    /// The last answer the account gave this attempt (what a cancelled one records).
+    status: Option<u16>,
+}
+
+/// What one try leaves its attempt to do.
+enum Next<B> {
+    /// Try the same account again.
+    Again,
+    /// The attempt came to this.
+    Done(Attempt<B>),
+}
+
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+    /// One account: send, classify, and retry the same account where the outcome table
+    /// says so (transient failures with backoff, one short-429 wait, one token refresh).
+    /// Every wait and upstream call races against the client's leaving, except a token
+    /// refresh, whose answer must be stored.
+    pub(super) async fn attempt(
+        &self,
+        ctx: &Ctx<'_>,
+        state: &AccountState,
+        waited: &mut Vec<String>,
+    ) -> Result<Attempt<U::Body>, DbError> {
+        let mut tries = Tries {
+            retries: 0,
+            slept: 0,
+            refreshed: false,
+            status: None,
+        };
+        loop {
+            let next = match self.send_try(ctx, state, &mut tries).await? {
+                Ok((credential, response)) => {
+                    self.judge(ctx, &state.id, &credential, response, waited, &mut tries)
+                        .await?
+                }
+                Err(next) => next,
+            };
+            if let Next::Done(attempt) = next {
+                return Ok(attempt);
+            }
+        }
+    }
+
+    /// One try up to the account's answer: the credential to send (refreshed when due),
+    /// then the upstream call. `Err` says what the try came to when no answer arrived.
+    async fn send_try(
+        &self,
+        ctx: &Ctx<'_>,
+        state: &AccountState,
+        tries: &mut Tries,
+    ) -> Result<Result<(Credential, UpstreamResponse<U::Body>), Next<U::Body>>, DbError> {
+        let cancelled = |status| Ok(Err(Next::Done(Attempt::Cancelled { status })));
+        if self.env.gone() {
+            return cancelled(tries.status);
+        }
+        let now = self.env.now();
+        self.last_try.set(now);
+        // A token refresh started here runs to its end even if the client leaves
+        // meanwhile: the endpoint may already have spent the old refresh token, and
+        // only storing its answer keeps the account signed in.
+        let credential = match self
+            .usable_credential(ctx.provider, state, ctx.settings)
+            .await?
+        {
+            Ok(c) => c,
+            // Whatever kept the credential from us, the client's leaving comes first.
+            Err(_) if self.env.gone() => return cancelled(tries.status),
+            Err(failed) => return Ok(Err(Next::Done(failed))),
+        };
+        if self.env.gone() {
+            return cancelled(tries.status);
+        }
+        let request = self.upstream_request(ctx, &credential);
+        self.sends.set(self.sends.get() + 1);
+        tries.status = None;
+        // Dropped unanswered when the client goes: wasi:http then aborts the request.
+        let sent = match unless_gone(self.env, self.upstream.send(request)).await {
+            Raced::Done(sent) => sent,
+            Raced::Gone => return cancelled(None),
+        };
+        match sent {
+            Ok(response) => Ok(Ok((credential, response))),
+            Err(TransportError(code)) => {
+                self.env.log(
+                    Level::Warn,
+                    "Account Pooler upstream transport failed",
+                    &[
+                        ("provider", ctx.provider.to_string()),
+                        ("account", state.id.clone()),
+                        ("error", code),
+                    ],
+                );
+                let failure = PoolError::pool(
+                    502,
+                    format!(
+                        "Account Pooler could not reach {}.",
+                        ctx.provider.upstream_name()
+                    ),
+                );
+                Ok(Err(self
+                    .retry_transient(ctx.settings, tries, failure)
+                    .await))
+            }
+        }
+    }
+
+    /// What the account's answer says: its quota observation is merged, then the outcome
+    /// table decides whether it is the response, a failure, or a reason to try again.
+    async fn judge(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        credential: &Credential,
+        mut response: UpstreamResponse<U::Body>,
+        waited: &mut Vec<String>,
+        tries: &mut Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        let s = ctx.settings;
+        let now = self.env.now();
+        tries.status = Some(response.status);
+        let obs = match ctx.provider {
+            Provider::Claude => quota::parse_claude_headers(&response.headers, now),
+            Provider::Codex => quota::parse_codex_headers(&response.headers, now),
+        };
+        self.observe(ctx.provider, id, &obs, s.switch_threshold, now)?;
+        let failed = |outcome, failure| Ok(Next::Done(Attempt::Failed { outcome, failure }));
+        match policy::classify(response.status, &obs, ctx.family, now) {
+            Classified::Served => Ok(Next::Done(Attempt::Respond {
+                response,
+                served: true,
+            })),
+            Classified::PassThrough => Ok(Next::Done(Attempt::Respond {
+                response,
+                served: false,
+            })),
+            Classified::Quota => failed(AttemptOutcome::Quota, None),
+            Classified::Family => failed(AttemptOutcome::Family, None),
+            Classified::Transient => {
+                let Raced::Done(failure) =
+                    unless_gone(self.env, upstream_failure(&mut response, now)).await
+                else {
+                    return Ok(Next::Done(Attempt::Cancelled {
+                        status: tries.status,
+                    }));
+                };
+                Ok(self.retry_transient(s, tries, failure).await)
+            }
+            Classified::RateLimited => {
+                self.rate_limited(ctx, id, &mut response, now, waited, tries)
+                    .await
+            }
+            Classified::AuthRefused => {
+                self.auth_refused(ctx, id, credential, &mut response, now, tries)
+                    .await
+            }
+        }
+    }
+
+    /// After a transient failure: the same account again once the backoff allows, else
+    /// the failure (or the client's leaving, during the wait).
+    async fn retry_transient(
+        &self,
+        s: &Settings,
+        tries: &mut Tries,
+        failure: PoolError,
+    ) -> Next<U::Body> {
+        match self
+            .transient_retry(s, &mut tries.retries, &mut tries.slept)
+            .await
+        {
+            Backoff::Retry => Next::Again,
+            Backoff::Gone => Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            }),
+            Backoff::GiveUp => Next::Done(Attempt::Failed {
+                outcome: AttemptOutcome::Transient,
+                failure: Some(failure),
+            }),
+        }
+    }
+
+    /// A 429: hold the account for its Retry-After; wait it out here once if it is short,
+    /// else fail over.
+    async fn rate_limited(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        response: &mut UpstreamResponse<U::Body>,
+        now: u64,
+        waited: &mut Vec<String>,
+        tries: &Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        let wait = quota::parse_retry_after(response.headers.get("retry-after"), now);
+        // The hold is the upstream's word about the account, not this request's
+        // doing: it stays even if the client leaves during the wait.
+        self.store.set_hold(id, now + wait, HoldKind::RateLimit)?;
+        let Raced::Done(failure) = unless_gone(self.env, upstream_failure(response, now)).await
+        else {
+            return Ok(Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            }));
+        };
+        if wait <= ctx.settings.inline_wait_ms && !waited.iter().any(|w| w == id) {
+            waited.push(id.to_owned());
+            if let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await {
+                return Ok(Next::Done(Attempt::Cancelled {
+                    status: tries.status,
+                }));
+            }
+            return Ok(Next::Again);
+        }
+        Ok(Next::Done(Attempt::Failed {
+            outcome: AttemptOutcome::Hold,
+            failure: Some(failure),
+        }))
+    }
+
+    /// The upstream refused the credential: an API key is in error; an OAuth token is
+    /// refreshed once and tried again, and a freshly refreshed one refused again is held.
+    async fn auth_refused(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        credential: &Credential,
+        response: &mut UpstreamResponse<U::Body>,
+        now: u64,
+        tries: &mut Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        let Raced::Done(failure) = unless_gone(self.env, upstream_failure(response, now)).await
+        else {
+            return Ok(Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            }));
+        };
+        match credential {
+            Credential::ApiKey(_) => self.api_key_refused(ctx, id, failure, now),
+            Credential::OAuth(tokens) if !tries.refreshed => {
+                self.refresh_after_refusal(ctx, id, tokens, failure, now, tries)
+                    .await
+            }
+            Credential::OAuth(tokens) => self.fresh_token_refused(ctx, id, tokens, &failure, now),
+        }
+    }
+
+    /// A refused API key: the account is in error until a person fixes it.
+    fn api_key_refused(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        failure: PoolError,
+        now: u64,
+    ) -> Result<Next<U::Body>, DbError> {
+        let text = format!(
+            "{} refused the API key: {}",
+            ctx.provider.upstream_name(),
+            failure.message
+        );
+        if self.store.set_error(id, &text)? {
+            self.store
+                .push_signal(ctx.provider, ChangeCause::ErrorSet, now)?;
+        }
+        Ok(Next::Done(Attempt::Failed {
+            outcome: AttemptOutcome::Auth,
+            failure: Some(failure),
+        }))
+    }
+
+    /// A refused OAuth token, the first time in this attempt: refresh it and try again.
+    async fn refresh_after_refusal(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        tokens: &OAuthTokens,
+        failure: PoolError,
+        now: u64,
+        tries: &mut Tries,
+    ) -> Result<Next<U::Body>, DbError> {
+        match self.refresh(ctx.provider, id, tokens, ctx.settings).await? {
+            Refreshed::Tokens(_) => {
+                tries.refreshed = true;
+                Ok(Next::Again)
+            }
+            Refreshed::Refused(status) => {
+                // The upstream refused the token and the refresh is refused too.
+                if self.store.access_token(id)?.as_deref() == Some(tokens.access_token.as_str()) {
+                    self.mark_error(
+                        ctx.provider,
+                        id,
+                        &format!("OAuth refresh failed with HTTP {status}."),
+                        now,
+                    )?;
+                }
+                Ok(Next::Done(Attempt::Failed {
+                    outcome: AttemptOutcome::Auth,
+                    failure: Some(failure),
+                }))
+            }
+            // It stopped waiting for another request's refresh.
+            Refreshed::Transient(_) if self.env.gone() => Ok(Next::Done(Attempt::Cancelled {
+                status: tries.status,
+            })),
+            Refreshed::Transient(_) => {
+                let f = PoolError::pool(
+                    503,
+                    format!(
+                        "Account Pooler could not refresh the {} sign-in; try again shortly.",
+                        ctx.provider.upstream_name()
+                    ),
+                );
+                Ok(Next::Done(Attempt::Failed {
+                    outcome: AttemptOutcome::Transient,
+                    failure: Some(f),
+                }))
+            }
+        }
+    }
+
+    /// A freshly refreshed OAuth token refused again: not an auth error; hold that token.
+    fn fresh_token_refused(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        tokens: &OAuthTokens,
+        failure: &PoolError,
+        now: u64,
+    ) -> Result<Next<U::Body>, DbError> {
+        if self.store.access_token(id)?.as_deref() == Some(tokens.access_token.as_str()) {
+            self.store
+                .set_hold(id, now + ctx.settings.token_hold_ms, HoldKind::Token)?;
+        }
+        let f = PoolError::pool(
+            503,
+            format!(
+                "{} refused a freshly refreshed token; treating it as an upstream failure: {}",
+                ctx.provider.upstream_name(),
+                failure.message
+            ),
+        );
+        Ok(Next::Done(Attempt::Failed {
+            outcome: AttemptOutcome::Hold,
+            failure: Some(f),
+        }))
+    }
+
+    /// Wait before another same-account try after a transient failure, if the retry limit
+    /// and the inline wait allow, unless the client goes away first.
+    async fn transient_retry(&self, s: &Settings, retries: &mut u32, slept: &mut u64) -> Backoff {
+        if *retries >= s.transient_retries {
+            return Backoff::GiveUp;
+        }
+        let wait = s.backoff(*retries);
+        if *slept + wait > s.inline_wait_ms {
+            return Backoff::GiveUp;
+        }
+        *retries += 1;
+        *slept += wait;
+        if wait > 0
+            && let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await
+        {
+            return Backoff::Gone;
+        }
+        Backoff::Retry
+    }
+
+    fn upstream_request(&self, ctx: &Ctx<'_>, credential: &Credential) -> UpstreamRequest {
+        let mut headers = Headers::new();
+        for (n, v) in ctx.req.headers.iter() {
+            if http::forward_request_header(ctx.provider, n) {
+                headers.push(n, v);
+            }
+        }
+        match credential {
+            Credential::ApiKey(k) => headers.set("x-api-key", k.as_str()),
+            Credential::OAuth(t) => {
+                headers.set("authorization", format!("Bearer {}", t.access_token));
+                if ctx.provider == Provider::Claude {
+                    // Subscription tokens are accepted on the Messages API only with this beta.
+                    let betas = http::with_oauth_beta(
+                        ctx.req
+                            .headers
+                            .iter()
+                            .filter(|(n, _)| n.eq_ignore_ascii_case("anthropic-beta"))
+                            .map(|(_, v)| v),
+                    );
+                    headers.set("anthropic-beta", betas);
+                }
+                if let Some(acct) = &t.chatgpt_account_id {
+                    headers.set("chatgpt-account-id", acct.as_str());
+                }
+            }
+        }
+        UpstreamRequest {
+            method: ctx.req.method.to_ascii_uppercase(),
+            url: http::upstream_url(
+                ctx.provider,
+                ctx.settings.upstream_url(ctx.provider),
+                &ctx.req.path,
+                ctx.req.query.as_deref(),
+            ),
+            headers,
+            body: ctx.req.body.clone(),
+            deadlines: Deadlines::MODEL,
+        }
+    }
+}
+
+/// A failed upstream answer as the client would see it if nothing else serves: its
+/// status, its detail (≤ 1 KiB) and its Retry-After.
+async fn upstream_failure<B: BodyStream>(
+    response: &mut UpstreamResponse<B>,
+    now: u64,
+) -> PoolError {
+    let body = stream::read_prefix(&mut response.body, DETAIL_LIMIT).await;
+    let message = http::upstream_detail(&body)
+        .unwrap_or_else(|| format!("upstream returned HTTP {}.", response.status));
+    PoolError {
+        status: response.status,
+        message,
+        retry_after_secs: quota::retry_after_ms(response.headers.get("retry-after"), now)
+            .map(|ms| ms.div_ceil(1000).max(1)),
+        pool_origin: false,
+    }
+}

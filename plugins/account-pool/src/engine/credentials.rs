@@ -1,0 +1,251 @@
+//! Credentials: the credential an attempt sends, and OAuth token refreshes (§8), one in
+//! flight per account across every instance (a lease row), with their backoff and the
+//! error and sign-in flags a refused refresh sets.
+
+use super::attempt::Attempt;
+use super::{
+    Cancel, Clock, Deadlines, Engine, Level, Log, Raced, Random, TransportError, Upstream,
+    UpstreamRequest, new_id, unless_gone,
+};
+use crate::http::{Headers, PoolError};
+use crate::model::{ChangeCause, Credential, OAuthTokens, Provider};
+use crate::oauth::{self, Need, RefreshResult, RefusedEffect};
+use crate::policy::{AccountState, AttemptOutcome};
+use crate::quota;
+use crate::settings::Settings;
+use crate::stream;
+use pooler_plugin_kit::{Db, DbError};
+
+/// How often a request waiting for another request's token refresh looks again.
+const REFRESH_POLL_MS: u64 = 100;
+
+/// What an OAuth refresh came to, for the caller.
+#[derive(Debug)]
+pub enum Refreshed {
+    /// A usable token (new, or refreshed by another request meanwhile).
+    Tokens(OAuthTokens),
+    /// The endpoint refused the refresh token.
+    Refused(u16),
+    /// Not now (endpoint failure, or another refresh still running).
+    Transient(String),
+}
+
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+    /// The credential to send now, refreshing an OAuth token that expires soon (§8). A
+    /// refused proactive refresh keeps a valid token serving with the sign-in flag (#6167).
+    pub(super) async fn usable_credential(
+        &self,
+        provider: Provider,
+        state: &AccountState,
+        s: &Settings,
+    ) -> Result<Result<Credential, Attempt<U::Body>>, DbError> {
+        let id = state.id.as_str();
+        let upstream_name = provider.upstream_name();
+        let Some(credential) = self.store.credential(id)? else {
+            let now = self.env.now();
+            self.mark_error(provider, id, "The account's secret is missing.", now)?;
+            return Ok(Err(Attempt::Failed {
+                outcome: AttemptOutcome::Auth,
+                failure: None,
+            }));
+        };
+        let Credential::OAuth(tokens) = &credential else {
+            return Ok(Ok(credential));
+        };
+        let now = self.env.now();
+        let rs = self.store.refresh_state(id)?;
+        let backing_off = rs.retry_at.is_some_and(|t| t > now);
+        match oauth::need(tokens.expires_at, now) {
+            Need::None => Ok(Ok(credential)),
+            Need::Proactive if backing_off => Ok(Ok(credential)),
+            Need::Proactive => match self.refresh(provider, id, tokens, s).await? {
+                Refreshed::Tokens(t) => Ok(Ok(Credential::OAuth(t))),
+                Refreshed::Refused(_) | Refreshed::Transient(_) => Ok(Ok(credential)),
+            },
+            Need::Expired if backing_off && rs.failure.as_deref() == Some("transient") => {
+                let f = PoolError::pool(
+                    503,
+                    format!(
+                        "The {upstream_name} sign-in of this account is being refreshed; try again shortly."
+                    ),
+                );
+                Ok(Err(Attempt::Failed {
+                    outcome: AttemptOutcome::Transient,
+                    failure: Some(f),
+                }))
+            }
+            Need::Expired => match self.refresh(provider, id, tokens, s).await? {
+                Refreshed::Tokens(t) => Ok(Ok(Credential::OAuth(t))),
+                Refreshed::Refused(status) => {
+                    let now = self.env.now();
+                    self.mark_error(
+                        provider,
+                        id,
+                        &format!("OAuth refresh failed with HTTP {status}."),
+                        now,
+                    )?;
+                    let f = PoolError::pool(
+                        401,
+                        format!(
+                            "The {upstream_name} sign-in of this account expired and could not be refreshed."
+                        ),
+                    );
+                    Ok(Err(Attempt::Failed {
+                        outcome: AttemptOutcome::Auth,
+                        failure: Some(f),
+                    }))
+                }
+                Refreshed::Transient(_) => {
+                    let f = PoolError::pool(
+                        503,
+                        format!(
+                            "Account Pooler could not refresh the {upstream_name} sign-in; try again shortly."
+                        ),
+                    );
+                    Ok(Err(Attempt::Failed {
+                        outcome: AttemptOutcome::Transient,
+                        failure: Some(f),
+                    }))
+                }
+            },
+        }
+    }
+
+    /// Refresh an account's OAuth token, one refresh in flight per account across every
+    /// instance (a lease row). A caller that finds another refresh running waits for it
+    /// and uses its token. `old` is the token the caller holds: if the stored one already
+    /// differs, it is used without another refresh.
+    pub async fn refresh(
+        &self,
+        provider: Provider,
+        id: &str,
+        old: &OAuthTokens,
+        s: &Settings,
+    ) -> Result<Refreshed, DbError> {
+        let owner = new_id(self.env);
+        let started = self.env.now();
+        loop {
+            let now = self.env.now();
+            if self
+                .store
+                .try_lease(id, &owner, now, now + oauth::LEASE_MS)?
+            {
+                break;
+            }
+            if now >= started + oauth::LEASE_MS {
+                return Ok(Refreshed::Transient(
+                    "another token refresh is still running".into(),
+                ));
+            }
+            // Waiting for another request's refresh is this request's own work: it stops
+            // when its client goes (the caller sees the client gone and records that).
+            if let Raced::Gone = unless_gone(self.env, self.env.sleep(REFRESH_POLL_MS)).await {
+                return Ok(Refreshed::Transient("the client went away".into()));
+            }
+            if let Some(Credential::OAuth(t)) = self.store.credential(id)?
+                && t.access_token != old.access_token
+            {
+                return Ok(Refreshed::Tokens(t));
+            }
+        }
+        let result = self.refresh_with_lease(provider, id, old, s).await;
+        self.store.release_lease(id, &owner)?;
+        result
+    }
+
+    async fn refresh_with_lease(
+        &self,
+        provider: Provider,
+        id: &str,
+        old: &OAuthTokens,
+        s: &Settings,
+    ) -> Result<Refreshed, DbError> {
+        let current = match self.store.credential(id)? {
+            Some(Credential::OAuth(t)) => t,
+            _ => {
+                return Ok(Refreshed::Transient(
+                    "the account has no OAuth credential".into(),
+                ));
+            }
+        };
+        if current.access_token != old.access_token {
+            return Ok(Refreshed::Tokens(current));
+        }
+        let mut headers = Headers::new();
+        headers.push("content-type", "application/json");
+        headers.push("accept", "application/json");
+        let request = UpstreamRequest {
+            method: "POST".into(),
+            url: s.token_url(provider).to_owned(),
+            headers,
+            body: oauth::refresh_request_body(provider, &current.refresh_token).into(),
+            deadlines: Deadlines::SERVICE,
+        };
+        let sent = self.upstream.send(request).await;
+        let now = self.env.now();
+        let result = match sent {
+            Err(TransportError(e)) => RefreshResult::Transient {
+                retry_after_ms: None,
+                detail: e,
+            },
+            Ok(mut r) => {
+                let ra = quota::retry_after_ms(r.headers.get("retry-after"), now);
+                let body = stream::read_to_end(&mut r.body, 64 * 1024)
+                    .await
+                    .unwrap_or_default();
+                oauth::parse_refresh_response(r.status, &body, ra, &current, now)
+            }
+        };
+        let rs = self.store.refresh_state(id)?;
+        Ok(match result {
+            RefreshResult::Refreshed(tokens) => {
+                self.store
+                    .put_credential(id, &Credential::OAuth(tokens.clone()))?;
+                self.store.clear_refresh_failure(id)?;
+                if self.store.clear_error(id)? {
+                    self.store
+                        .push_signal(provider, ChangeCause::ErrorCleared, now)?;
+                }
+                Refreshed::Tokens(tokens)
+            }
+            RefreshResult::Refused(status) => {
+                let backoff = oauth::next_backoff(rs.backoff_ms, None);
+                self.store
+                    .set_refresh_failure(id, "refused", backoff, now + backoff)?;
+                let valid = current.expires_at.is_none_or(|t| t > now);
+                if oauth::on_refused(valid) == RefusedEffect::KeepServing {
+                    self.store.set_needs_sign_in(id, true)?;
+                }
+                self.env.log(
+                    Level::Warn,
+                    "Account Pooler OAuth refresh refused",
+                    &[("account", id.to_owned()), ("status", status.to_string())],
+                );
+                Refreshed::Refused(status)
+            }
+            RefreshResult::Transient {
+                retry_after_ms,
+                detail,
+            } => {
+                let backoff = oauth::next_backoff(rs.backoff_ms, retry_after_ms);
+                self.store
+                    .set_refresh_failure(id, "transient", backoff, now + backoff)?;
+                Refreshed::Transient(detail)
+            }
+        })
+    }
+
+    pub(super) fn mark_error(
+        &self,
+        provider: Provider,
+        id: &str,
+        text: &str,
+        now: u64,
+    ) -> Result<(), DbError> {
+        if self.store.set_error(id, text)? {
+            self.store
+                .push_signal(provider, ChangeCause::ErrorSet, now)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! The proxy engine: one client request in, one response out. It authenticates the route
+//! token, reads the session, chooses accounts, forwards with each account's credential,
+//! classifies every upstream answer (spec §4), retries and detours, refreshes OAuth
+//! tokens, records quota and attempts, and commits pins and the cursor by the #6990 rule.
+//!
+//! It reaches the outside only through [`Upstream`], [`Clock`], [`Random`], [`Log`] and
+//! [`Cancel`], and keeps all state in the database, so it runs the same natively (tests,
+//! fakes) and in the component (wasi:http, the WIT sqlite and incoming-client imports).
+//!
+//! When the client goes away ([`Cancel`]) the request's work stops: every backoff, inline
+//! wait, refresh poll, upstream call and relayed chunk races against it; the attempt under
+//! way is dropped and recorded `cancelled`, and nothing is committed (spec §4).
+//!
+//! | part | owns |
+//! |---|---|
+//! | [`ports`] | the traits the engine reaches the outside through, upstream request and response |
+//! | [`admission`] | screening a request's head, and the one read a routed request starts from |
+//! | [`routing`] | the attempt loop over accounts, holds, pins and the cursor, the final failure |
+//! | [`attempt`] | one account: send, classify, same-account retries |
+//! | [`credentials`] | the credential to send, OAuth refreshes under a lease |
+//! | [`usage`] | quota observations and their signals, usage endpoint fetches |
+//! | this file | the engine, the client's request and response, cancellation |
+
+mod admission;
+mod attempt;
+mod credentials;
+mod ports;
+mod routing;
+mod usage;
+
+pub use admission::{Admitted, Screen};
+pub use credentials::Refreshed;
+pub use ports::{
+    Cancel, Clock, Deadlines, Level, Log, Random, TransportError, Upstream, UpstreamRequest,
+    UpstreamResponse, new_id,
+};
+pub use usage::{EXHAUSTED_RECHECK_MS, UsageFailure, codex_usage_url};
+
+use crate::http::{self, Headers, PoolError, RouteMatch};
+use crate::model::{Family, Provider};
+use crate::settings::Settings;
+use crate::store::Store;
+use crate::stream::{BodyStream, Relay};
+use pooler_plugin_kit::Db;
+
+/// The log line of a request the pool stopped because its client went away.
+pub const CANCELLED_MESSAGE: &str = "Account Pooler request cancelled: the client went away";
+
+/// What racing a piece of a request's work against its client's leaving came to.
+enum Raced<T> {
+    Done(T),
+    Gone,
+}
+
+/// Run `work` unless the client goes first; then `work` is dropped where it stands (a
+/// wasi:http request in flight is aborted when its future-incoming-response is dropped).
+async fn unless_gone<T>(cancel: &impl Cancel, work: impl Future<Output = T>) -> Raced<T> {
+    if cancel.gone() {
+        return Raced::Gone;
+    }
+    let mut work = std::pin::pin!(work);
+    let mut gone = std::pin::pin!(cancel.gone_wait());
+    std::future::poll_fn(|cx| {
+        if gone.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Raced::Gone);
+        }
+        work.as_mut().poll(cx).map(Raced::Done)
+    })
+    .await
+}
+
+/// The next chunk of `relay` for the client, unless the client goes first: then the relay
+/// stops (None; dropping it drops the upstream body, closing that connection) and says so
+/// in one log line. Once the response head is out nothing else is left to undo: the
+/// attempt that served it was recorded and committed before.
+pub async fn relay_next<B: BodyStream>(
+    relay: &mut Relay<B>,
+    env: &(impl Cancel + Log),
+) -> Option<Result<Vec<u8>, String>> {
+    match unless_gone(env, relay.next()).await {
+        Raced::Done(chunk) => chunk,
+        Raced::Gone => {
+            if !relay.stop() {
+                env.log(
+                    Level::Info,
+                    CANCELLED_MESSAGE,
+                    &[
+                        ("while", "relaying the response".to_owned()),
+                        ("account", relay.account().unwrap_or("?").to_owned()),
+                    ],
+                );
+            }
+            None
+        }
+    }
+}
+
+/// The client's request, with its body read (bounded by the glue).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IncomingRequest {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: Headers,
+    pub body: bytes::Bytes,
+    /// The body was longer than the glue was willing to read.
+    pub body_truncated: bool,
+}
+
+/// A response body: made by the pool, or relayed from upstream.
+pub enum Body<B> {
+    Full(Vec<u8>),
+    Stream(Relay<B>),
+}
+
+/// The response to the client.
+pub struct Response<B> {
+    pub status: u16,
+    pub headers: Headers,
+    pub body: Body<B>,
+}
+
+impl<B> Response<B> {
+    fn pool(provider: Provider, e: &PoolError) -> Self {
+        Response {
+            status: e.status,
+            headers: e.headers(),
+            body: Body::Full(e.body(provider)),
+        }
+    }
+}
+
+/// The engine, borrowing its capabilities for one call.
+pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> {
+    store: Store<'a, D>,
+    upstream: &'a U,
+    env: &'a E,
+    /// The route and settings [`Engine::screen`] read for this request (read here
+    /// otherwise).
+    admitted: Option<Admitted>,
+    /// When the current attempt last tried its account: the account's "last used" time,
+    /// written with the attempt's outcome.
+    last_try: std::cell::Cell<u64>,
+    /// Upstream calls this request has made (for the log line of a cancelled request).
+    sends: std::cell::Cell<u32>,
+}
+
+/// The per-request facts every attempt needs.
+struct Ctx<'r> {
+    provider: Provider,
+    req: &'r IncomingRequest,
+    family: Option<Family>,
+    key: Option<&'r str>,
+    settings: &'r Settings,
+}
+
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+    pub fn new(db: &'a D, upstream: &'a U, env: &'a E) -> Self {
+        Engine {
+            store: Store::new(db),
+            upstream,
+            env,
+            admitted: None,
+            last_try: std::cell::Cell::new(0),
+            sends: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Serve the request `admitted` was screened from with what the screen read, instead
+    /// of reading it again.
+    pub fn with_admitted(mut self, admitted: Admitted) -> Self {
+        self.admitted = Some(admitted);
+        self
+    }
+
+    /// Serve one client request. Storage failures become the pool's own 503.
+    pub async fn handle(&self, req: IncomingRequest) -> Response<U::Body> {
+        let shape = match http::match_route(&req.method, &req.path) {
+            RouteMatch::Endpoint(e) => e.provider(),
+            RouteMatch::MethodNotAllowed(p) => p,
+            RouteMatch::NotFound(p) => p.unwrap_or(Provider::Claude),
+        };
+        match self.handle_inner(&req).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.env.log(
+                    Level::Warn,
+                    "Account Pooler storage failed",
+                    &[("error", e.to_string())],
+                );
+                Response::pool(
+                    shape,
+                    &PoolError::pool(503, "Account Pooler storage is unavailable; try again."),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

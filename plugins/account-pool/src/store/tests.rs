@@ -1,0 +1,348 @@
+//! The store against a native SQLite: migrations, round trips, pin guards and caps, the
+//! cursor, leases, signals and attempts.
+
+use super::*;
+use crate::model::{ChangeCause, Credential, CredentialKind, OAuthTokens, Provider};
+use pooler_plugin_kit::NativeDb;
+
+fn store(db: &NativeDb) -> Store<'_, NativeDb> {
+    let s = Store::new(db);
+    s.migrate().unwrap();
+    s
+}
+
+#[test]
+fn migrations_are_idempotent_and_versioned() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    s.migrate().unwrap();
+    assert_eq!(s.meta_i64("schema-version").unwrap(), Some(SCHEMA_VERSION));
+}
+
+#[test]
+fn accounts_round_trip_in_selection_order() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    s.insert_account(
+        "b",
+        Provider::Claude,
+        &Credential::ApiKey("k-b".into()),
+        "B",
+        0,
+        10,
+    )
+    .unwrap();
+    s.insert_account(
+        "a",
+        Provider::Claude,
+        &Credential::ApiKey("k-a".into()),
+        "A",
+        0,
+        11,
+    )
+    .unwrap();
+    s.insert_account(
+        "z",
+        Provider::Claude,
+        &Credential::ApiKey("k-z".into()),
+        "Z",
+        -1,
+        12,
+    )
+    .unwrap();
+    s.insert_account(
+        "c",
+        Provider::Codex,
+        &Credential::OAuth(OAuthTokens {
+            access_token: "at".into(),
+            refresh_token: "rt".into(),
+            expires_at: Some(99),
+            chatgpt_account_id: Some("x".into()),
+        }),
+        "C",
+        0,
+        13,
+    )
+    .unwrap();
+    let ids: Vec<String> = s
+        .accounts(Some(Provider::Claude))
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(ids, ["z", "b", "a"], "priority, then order added");
+    let c = s.account("c").unwrap().unwrap();
+    assert_eq!(
+        (c.kind, c.token_expires_at),
+        (CredentialKind::OAuth, Some(99))
+    );
+    assert!(
+        matches!(s.credential("c").unwrap(), Some(Credential::OAuth(t)) if t.refresh_token == "rt")
+    );
+    assert!(s.remove_account("c").unwrap());
+    assert_eq!(s.credential("c").unwrap(), None);
+}
+
+/// AP-19: a bind that saw an older generation does not overwrite a newer pin.
+#[test]
+fn pin_binds_are_guarded_by_generation() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    let (p, k, life, cap) = (Provider::Claude, "session:s", 1_000_000, 10);
+    let seen = s
+        .claim_pin(p, k, "a", Some("t1"), 0, life, cap, "first")
+        .unwrap();
+    assert!(seen.claimed);
+    let again = s
+        .claim_pin(p, k, "b", Some("t1"), 1, life, cap, "first")
+        .unwrap();
+    assert_eq!(
+        (again.account.as_str(), again.claimed),
+        ("a", false),
+        "the first claim wins"
+    );
+    // A newer request re-pins to b.
+    assert!(
+        s.bind_pin(
+            p,
+            k,
+            "b",
+            None,
+            Some(seen.generation),
+            2,
+            life,
+            "rebound",
+            cap
+        )
+        .unwrap()
+    );
+    // The older request, which also saw the first generation, completes later.
+    assert!(
+        !s.bind_pin(
+            p,
+            k,
+            "c",
+            None,
+            Some(seen.generation),
+            3,
+            life,
+            "stale",
+            cap
+        )
+        .unwrap()
+    );
+    assert!(!s.touch_pin(p, k, seen.generation, 4).unwrap());
+    assert_eq!(s.pin(p, k, 5, life).unwrap().unwrap().account, "b");
+}
+
+#[test]
+fn pins_expire_and_are_capped_least_recently_used_first() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    let p = Provider::Claude;
+    // Seconds apart: a use within TOUCH_GRANULARITY_MS of the last is not written.
+    const SEC: u64 = 1_000;
+    let life = 100 * SEC;
+    for (i, k) in ["k1", "k2", "k3", "k4"].into_iter().enumerate() {
+        s.bind_pin(p, k, "a", None, None, i as u64 * SEC, life, "x", 4)
+            .unwrap();
+    }
+    let g1 = s.pin(p, "k1", 4 * SEC, life).unwrap().unwrap().generation;
+    assert!(s.touch_pin(p, "k1", g1, 10 * SEC).unwrap());
+    s.bind_pin(p, "k5", "a", None, None, 11 * SEC, life, "x", 4)
+        .unwrap();
+    assert!(
+        s.pin(p, "k1", 12 * SEC, life).unwrap().is_some(),
+        "touched pin survives"
+    );
+    assert!(
+        s.pin(p, "k2", 12 * SEC, life).unwrap().is_none(),
+        "LRU evicted"
+    );
+    assert_eq!(s.pin_count().unwrap(), 4);
+    assert!(
+        s.pin(p, "k5", 111 * SEC, life).unwrap().is_none(),
+        "expired after the idle lifetime"
+    );
+    assert_eq!(s.prune_pins(111 * SEC, life, 4).unwrap(), 4);
+}
+
+#[test]
+fn a_use_within_the_granularity_writes_nothing() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    let p = Provider::Claude;
+    s.bind_pin(p, "k", "a", None, None, 5_000, 60_000, "x", 8)
+        .unwrap();
+    let pin = s.pin(p, "k", 5_000, 60_000).unwrap().unwrap();
+    let later = 5_000 + TOUCH_GRANULARITY_MS - 1;
+    assert!(!s.touch_pin(p, "k", pin.generation, later).unwrap());
+    assert_eq!(
+        s.pin(p, "k", later, 60_000).unwrap().unwrap().last_used_at,
+        5_000
+    );
+    let later = 5_000 + TOUCH_GRANULARITY_MS;
+    assert!(s.touch_pin(p, "k", pin.generation, later).unwrap());
+    assert_eq!(
+        s.pin(p, "k", later, 60_000).unwrap().unwrap().last_used_at,
+        later
+    );
+}
+
+#[test]
+fn cursor_moves_only_from_the_expected_value() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    assert!(s.cas_cursor(Provider::Codex, None, "a").unwrap());
+    assert!(!s.cas_cursor(Provider::Codex, None, "b").unwrap());
+    assert!(s.cas_cursor(Provider::Codex, Some("a"), "b").unwrap());
+    assert_eq!(s.cursor(Provider::Codex).unwrap().as_deref(), Some("b"));
+    assert_eq!(s.cursor(Provider::Claude).unwrap(), None);
+}
+
+#[test]
+fn refresh_lease_is_single_flight_until_it_expires() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    assert!(s.try_lease("a", "r1", 0, 100).unwrap());
+    assert!(!s.try_lease("a", "r2", 50, 150).unwrap());
+    assert!(
+        s.try_lease("a", "r2", 100, 200).unwrap(),
+        "an expired lease can be taken"
+    );
+    s.release_lease("a", "r2").unwrap();
+    assert!(s.try_lease("a", "r3", 101, 200).unwrap());
+}
+
+#[test]
+fn signals_coalesce_per_provider_in_first_seen_order() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    s.push_signal(Provider::Claude, ChangeCause::AccountEnabled, 5)
+        .unwrap();
+    s.push_signal(Provider::Codex, ChangeCause::ConfigChanged, 6)
+        .unwrap();
+    s.push_signal(Provider::Claude, ChangeCause::ErrorCleared, 7)
+        .unwrap();
+    s.push_signal(Provider::Claude, ChangeCause::AccountEnabled, 8)
+        .unwrap();
+    let taken = s.take_signals().unwrap();
+    assert_eq!(
+        taken,
+        vec![
+            PendingSignal {
+                provider: Provider::Claude,
+                causes: vec![ChangeCause::AccountEnabled, ChangeCause::ErrorCleared],
+                detected_at: 5
+            },
+            PendingSignal {
+                provider: Provider::Codex,
+                causes: vec![ChangeCause::ConfigChanged],
+                detected_at: 6
+            },
+        ]
+    );
+    assert!(s.take_signals().unwrap().is_empty());
+}
+
+#[test]
+fn attempts_keep_the_latest_twenty_per_session() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    for i in 0..25u64 {
+        s.record_attempt(Provider::Claude, "session:s", i, "a", Some(200), "served")
+            .unwrap();
+    }
+    let recent = s.recent_attempts(Provider::Claude, "session:s").unwrap();
+    assert_eq!(recent.len(), RECENT_ATTEMPTS);
+    assert_eq!((recent[0].at, recent[19].at), (5, 24));
+    // Another session counts its own ids and keeps its own attempts.
+    s.record_attempt(Provider::Claude, "session:t", 99, "b", None, "transient")
+        .unwrap();
+    let other = s.recent_attempts(Provider::Claude, "session:t").unwrap();
+    assert_eq!(other.len(), 1);
+    assert_eq!((other[0].at, other[0].account.as_str()), (99, "b"));
+    // Stored rows stay bounded: trimmed back to twenty on every twentieth attempt.
+    for i in 25..40u64 {
+        s.record_attempt(Provider::Claude, "session:s", i, "a", Some(200), "served")
+            .unwrap();
+    }
+    let rows = db
+        .query(
+            "SELECT COUNT(*) AS n FROM attempts WHERE key = 'session:s'",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        rows.first().unwrap().u64("n").unwrap(),
+        RECENT_ATTEMPTS as u64
+    );
+    let recent = s.recent_attempts(Provider::Claude, "session:s").unwrap();
+    assert_eq!((recent[0].at, recent[19].at), (20, 39));
+}
+
+#[test]
+fn a_schema_1_database_migrates_keeping_its_attempts() {
+    let db = NativeDb::memory();
+    db.execute_batch(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value);
+             INSERT INTO meta VALUES ('schema-version', 1);
+             CREATE TABLE attempts (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 provider TEXT NOT NULL, key TEXT NOT NULL, at INTEGER NOT NULL,
+                 account_id TEXT NOT NULL, status INTEGER, outcome TEXT NOT NULL);
+             CREATE INDEX attempts_by_key ON attempts(provider, key, id);
+             INSERT INTO attempts (provider, key, at, account_id, status, outcome) VALUES
+                 ('claude', 'session:s', 1, 'a', 200, 'served'),
+                 ('claude', 'session:u', 2, 'b', 529, 'transient'),
+                 ('claude', 'session:s', 3, 'c', NULL, 'hold');",
+    )
+    .unwrap();
+    let s = Store::new(&db);
+    assert!(!s.schema_current().unwrap());
+    s.ensure_schema().unwrap();
+    assert!(s.schema_current().unwrap());
+    let at = |key: &str| -> Vec<(u64, String)> {
+        s.recent_attempts(Provider::Claude, key)
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.at, a.outcome))
+            .collect()
+    };
+    assert_eq!(at("session:s"), [(1, "served".into()), (3, "hold".into())]);
+    assert_eq!(at("session:u"), [(2, "transient".into())]);
+    // New attempts continue after the migrated ones.
+    s.record_attempt(Provider::Claude, "session:s", 4, "a", Some(200), "served")
+        .unwrap();
+    assert_eq!(at("session:s").last(), Some(&(4, "served".into())));
+    // The old table and its index are gone.
+    let rows = db
+        .query(
+            "SELECT COUNT(*) AS n FROM sqlite_master WHERE name IN ('attempts_v1', 'attempts_by_key')",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.first().unwrap().u64("n").unwrap(), 0);
+}
+
+#[test]
+fn routes_are_found_by_hash_and_close_at_once() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    let h1 = crate::token::hash("tok-1");
+    s.open_route("t1", Provider::Claude, &h1, 1).unwrap();
+    assert_eq!(
+        s.route_by_hash(&h1).unwrap(),
+        Some(("t1".into(), Provider::Claude))
+    );
+    let h2 = crate::token::hash("tok-2");
+    s.open_route("t1", Provider::Claude, &h2, 2).unwrap();
+    assert_eq!(
+        s.route_by_hash(&h1).unwrap(),
+        None,
+        "re-opening replaces the token"
+    );
+    assert!(s.close_route("t1", Provider::Claude).unwrap());
+    assert_eq!(s.route_by_hash(&h2).unwrap(), None);
+    assert!(!s.has_route("t1", Provider::Claude).unwrap());
+}
