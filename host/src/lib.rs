@@ -52,6 +52,7 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod tap;
+pub mod wire;
 
 /// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48
 /// has its own error type; its `anyhow` conversion feature is not enabled here).

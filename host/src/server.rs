@@ -31,13 +31,7 @@ use crate::admin::Admin;
 use crate::imports::incoming_client::ClientGone;
 use crate::roles::Role;
 use crate::runtime::{CallError, Host};
-
-/// The admin API's path prefix.
-pub const ADMIN_PREFIX: &str = "/_pooler/";
-/// The header that marks a response the host (not the upstream provider) produced.
-pub const ORIGIN_HEADER: &str = "x-pooler-origin";
-/// The admin token's file name in the data directory.
-pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+use crate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE, ORIGIN_HEADER};
 
 /// A bound listener, ready to serve.
 pub struct Server {

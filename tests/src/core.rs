@@ -467,7 +467,7 @@ impl CoreHost {
         body: serde_json::Value,
     ) -> (u16, serde_json::Value) {
         let token =
-            std::fs::read_to_string(self.data.path().join(pooler_host::server::ADMIN_TOKEN_FILE))
+            std::fs::read_to_string(self.data.path().join(pooler_host::wire::ADMIN_TOKEN_FILE))
                 .expect("the admin token");
         let request = hyper::Request::builder()
             .method(method)

@@ -24,8 +24,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Admin, AdminRequest, ApiError, ProviderName, Reply};
+use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::core_link::{CoreLink, LinkError};
+use crate::wire::ProviderName;
 use pooler_core::{Agent, AgentSpec, CoreError, Provider};
 
 /// The core's records serialise their fields in WIT spelling (`retry-opt-out`); the admin

@@ -30,7 +30,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Body;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response, StatusCode};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 use wasmtime::Store;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
@@ -39,8 +39,8 @@ use crate::bindings::pool::AccountPool;
 use crate::bindings::retry::ProviderRetry;
 use crate::bindings::types::Provider;
 use crate::runtime::{CallError, CallFuture, Host};
-use crate::server::{ADMIN_PREFIX, ORIGIN_HEADER};
 use crate::state::PluginState;
+use crate::wire::{ADMIN_PREFIX, ORIGIN_HEADER, ProviderName, endpoint_url};
 
 /// The largest admin request body accepted (a login file is a few KB).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -70,11 +70,6 @@ areas! {
     "threads" => core,
     "retry" => retry,
 }
-
-pub use accounts::{AccountView, WindowView};
-pub use routes::{EnvVar, RouteView};
-pub use sessions::{AttemptView, SessionView};
-pub use settings::SettingView;
 
 /// The admin API of one server.
 pub struct Admin {
@@ -195,18 +190,6 @@ impl Admin {
     ) -> Result<R, ApiError> {
         self.host.call_retry(call, f).await.map_err(ApiError::from)
     }
-}
-
-/// `http://<addr>`, with the loopback address when the server listens on every address.
-fn endpoint_url(addr: SocketAddr) -> String {
-    let mut addr = addr;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(match addr {
-            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        });
-    }
-    format!("http://{addr}")
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -453,39 +436,6 @@ impl Fields {
     }
 }
 
-/// A provider as the admin API and the CLI spell it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderName {
-    /// Anthropic (Claude Code).
-    Claude,
-    /// OpenAI (Codex CLI).
-    Codex,
-}
-
-impl ProviderName {
-    pub fn parse(text: &str) -> Option<ProviderName> {
-        match text {
-            "claude" => Some(ProviderName::Claude),
-            "codex" => Some(ProviderName::Codex),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderName::Claude => "claude",
-            ProviderName::Codex => "codex",
-        }
-    }
-}
-
-impl std::fmt::Display for ProviderName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 impl From<Provider> for ProviderName {
     fn from(p: Provider) -> Self {
         match p {
@@ -612,19 +562,6 @@ impl From<CallError> for ApiError {
             }
         }
     }
-}
-
-/// Percent-encode a path segment (everything but unreserved characters).
-pub fn percent_encode(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Decode a percent-encoded path segment or query component (`+` stays `+`).

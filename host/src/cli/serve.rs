@@ -14,7 +14,8 @@ use super::client::ServerFile;
 use crate::config::Config;
 use crate::core_link::{CoreLink, CoreOptions};
 use crate::runtime::{Host, HostOptions};
-use crate::server::{ADMIN_TOKEN_FILE, Server};
+use crate::server::Server;
+use crate::wire::ADMIN_TOKEN_FILE;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \

@@ -474,16 +474,7 @@ impl CoreLink {
     /// The host's listener is at `addr`: turns are sent there and routes opened for it. An
     /// unspecified address (`0.0.0.0`) is reached through loopback.
     pub fn set_listener(&self, addr: SocketAddr) {
-        let ip = match addr.ip() {
-            std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
-                std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
-            }
-            std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
-                std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
-            }
-            ip => ip,
-        };
-        let endpoint = format!("http://{}", SocketAddr::new(ip, addr.port()));
+        let endpoint = crate::wire::endpoint_url(addr);
         tracing::info!(%endpoint, "core sends turns through the host's listener");
         *self
             .inner
