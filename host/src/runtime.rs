@@ -433,6 +433,27 @@ impl Host {
         &self.shared.clock
     }
 
+    /// Where `role`'s component came from, when one is loaded.
+    pub fn plugin_source(&self, role: Role) -> Option<String> {
+        match role {
+            Role::AccountPool => self.shared.pool.as_ref().map(|p| p.meta.source.clone()),
+            Role::ProviderRetry => self.shared.retry.as_ref().map(|p| p.meta.source.clone()),
+        }
+    }
+
+    /// A person set one of `role`'s settings to `value`: if it is an http(s) URL, allow the
+    /// plugin to reach its host and port from now on (kept across restarts).
+    pub fn grant_url(&self, role: Role, value: &str) -> anyhow::Result<bool> {
+        let meta = match role {
+            Role::AccountPool => self.shared.pool.as_ref().map(|p| &p.meta),
+            Role::ProviderRetry => self.shared.retry.as_ref().map(|p| &p.meta),
+        };
+        match meta {
+            Some(meta) => meta.allow.grant_url(value),
+            None => Ok(false),
+        }
+    }
+
     /// A fresh store for one call or request of `meta`'s plugin, with its memory cap and a
     /// CPU budget of `meta.deadline`: the epoch callback runs once per tick while the guest
     /// executes (not while it waits on I/O), so counting callbacks counts CPU time; on each
