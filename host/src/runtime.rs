@@ -157,8 +157,6 @@ pub(crate) struct Shared {
     pub(crate) pool: Option<Loaded<PoolPre>>,
     pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
     pub(crate) changes: Arc<ChangeQueue>,
-    /// The core, when the host runs with one (`core_link::CoreLink::attach`).
-    pub(crate) core: std::sync::OnceLock<Arc<crate::core_link::CoreLink>>,
     /// The routes whose answers the listener records (agent turns running).
     pub(crate) taps: Arc<crate::tap::Taps>,
 }
@@ -345,7 +343,6 @@ impl Host {
             pool,
             retry,
             changes: changes.clone(),
-            core: std::sync::OnceLock::new(),
             taps: Arc::default(),
         });
         tokio::spawn(mediator::deliver(changes, Arc::downgrade(&shared)));

@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::admin::Admin;
+use crate::core_link::CoreLink;
 use crate::imports::http_in::error_response;
 use crate::roles::Role;
 use crate::runtime::Host;
@@ -35,7 +36,7 @@ use crate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
 pub struct Server {
     listener: TcpListener,
     host: Host,
-    admin: Arc<Admin>,
+    admin: Admin,
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -46,10 +47,6 @@ impl Server {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let token = write_admin_token(host.data_dir())?;
-        if let Some(core) = host.core() {
-            // The core sends its turns through this listener, as an agent would.
-            core.set_listener(listener.local_addr()?);
-        }
         let in_flight = Arc::new(AtomicUsize::new(0));
         let admin = Admin::new(
             host.clone(),
@@ -60,9 +57,18 @@ impl Server {
         Ok(Server {
             listener,
             host,
-            admin: Arc::new(admin),
+            admin,
             in_flight,
         })
+    }
+
+    /// Wire the host's core in (`pooler serve` does, after `CoreLink::attach`): the core
+    /// sends its turns through this listener, as an agent would, and the admin API's
+    /// `threads` area answers from it.
+    pub fn with_core(mut self, core: Arc<CoreLink>) -> anyhow::Result<Server> {
+        core.set_listener(self.listener.local_addr()?);
+        self.admin = self.admin.with_core(core);
+        Ok(self)
     }
 
     pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
@@ -75,6 +81,7 @@ impl Server {
         let graceful = GracefulShutdown::new();
         let config = self.host.config().server.clone();
         let mut shutdown = std::pin::pin!(shutdown);
+        let admin = Arc::new(self.admin);
         loop {
             let (stream, _) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
@@ -90,7 +97,7 @@ impl Server {
             };
             let _ = stream.set_nodelay(true);
             let host = self.host.clone();
-            let admin = self.admin.clone();
+            let admin = admin.clone();
             let in_flight = self.in_flight.clone();
             let service = hyper::service::service_fn(move |req| {
                 let host = host.clone();

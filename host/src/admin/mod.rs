@@ -38,6 +38,7 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use crate::bindings::pool::AccountPool;
 use crate::bindings::retry::ProviderRetry;
 use crate::bindings::types::Provider;
+use crate::core_link::CoreLink;
 use crate::runtime::{CallError, CallFuture, Host};
 use crate::state::PluginState;
 use crate::wire::{ADMIN_PREFIX, ORIGIN_HEADER, ProviderName, endpoint_url};
@@ -74,6 +75,8 @@ areas! {
 /// The admin API of one server.
 pub struct Admin {
     host: Host,
+    /// The host's core, when it runs with one (wired in by the server).
+    core: Option<Arc<CoreLink>>,
     token: String,
     endpoint: String,
     in_flight: Arc<AtomicUsize>,
@@ -91,6 +94,7 @@ impl Admin {
     ) -> Admin {
         Admin {
             host,
+            core: None,
             token,
             endpoint: endpoint_url(local_addr),
             in_flight,
@@ -99,6 +103,17 @@ impl Admin {
 
     pub fn host(&self) -> &Host {
         &self.host
+    }
+
+    /// The admin API answering the `threads` area from `core`.
+    pub fn with_core(mut self, core: Arc<CoreLink>) -> Admin {
+        self.core = Some(core);
+        self
+    }
+
+    /// The host's core, when it runs with one.
+    pub fn core(&self) -> Option<&Arc<CoreLink>> {
+        self.core.as_ref()
     }
 
     /// The URL agents reach this server at: what routes are opened with.

@@ -28,7 +28,7 @@
 //!                            crash left running recorded as failed, with their event)
 //! Host::new(threads = link.threads_service())
 //! link.attach(&host)         register the outbox subscriber, spawn the loops
-//! Server::bind               tells the link its listener (set_listener); turns need it
+//! Server::with_core          tells the link its listener (set_listener); turns need it
 //! due loop                   waits for the listener → on-start → first due check → loop
 //! ```
 //!
@@ -207,7 +207,7 @@ impl CoreLink {
 
     /// Joins the link to `host` (built with [`CoreLink::threads_service`]) and starts the
     /// loops. The due loop waits for the listener ([`CoreLink::set_listener`], called by
-    /// `Server::bind`), then calls `on-start`, then checks the queue.
+    /// `Server::with_core`), then calls `on-start`, then checks the queue.
     pub fn attach(self, host: &Host) -> anyhow::Result<Arc<CoreLink>> {
         if host.has_role(Role::ProviderRetry) {
             self.inner
@@ -217,9 +217,6 @@ impl CoreLink {
         }
         let _ = self.inner.host.set(Arc::downgrade(&host.shared));
         let link = Arc::new(self);
-        if host.shared.core.set(link.clone()).is_err() {
-            anyhow::bail!("the host already has a core");
-        }
         spawn_loop(&link.inner, due_loop(link.inner.clone()));
         spawn_loop(&link.inner, outbox_loop(link.inner.clone()));
         spawn_loop(&link.inner, tick_loop(link.inner.clone()));
@@ -500,12 +497,5 @@ impl Inner {
             .and_then(Weak::upgrade)
             .map(|shared| Host { shared })
             .ok_or_else(|| LinkError::Unavailable("the host is stopping".into()))
-    }
-}
-
-impl Host {
-    /// The core linked to this host, when it runs with one ([`CoreLink::attach`]).
-    pub fn core(&self) -> Option<&Arc<CoreLink>> {
-        self.shared.core.get()
     }
 }
