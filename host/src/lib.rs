@@ -10,9 +10,9 @@
 //!    role ([`roles::check_world`]) and pre-instantiates it against one linker holding every
 //!    import ([`imports`], one module per WIT interface).
 //! 3. Every plugin call ([`runtime::Host::call_pool`], [`runtime::Host::call_retry`]) and
-//!    every HTTP request ([`server`]) gets a fresh `Store` ([`state::PluginState`]) with a
-//!    CPU deadline and a memory cap; a trap is reported with the plugin id and the call, and
-//!    the next call starts clean.
+//!    every HTTP request ([`server`], handed to the pool by [`imports::http_in`]) gets a
+//!    fresh `Store` ([`state::PluginState`]) with a CPU deadline and a memory cap; a trap is
+//!    reported with the plugin id and the call, and the next call starts clean.
 //! 4. Plugins reach each other only through the host ([`mediator`]): availability queries go
 //!    to a fresh pool instance, availability changes are queued and delivered after the
 //!    signalling call returned, and Provider Retry takes one call at a time.
@@ -52,6 +52,7 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod tap;
+pub mod wire;
 
 /// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48
 /// has its own error type; its `anyhow` conversion feature is not enabled here).

@@ -1,11 +1,12 @@
-//! The host-driven maintenance loop: the pool's `maintenance.on-tick(now)` at start-up and
-//! then every `maintenance.interval-s`, timed by the host clock (so a manual clock drives it
-//! in tests).
+//! The host-driven maintenance loop and its call: the pool's `maintenance.on-tick(now)` at
+//! start-up and then every `maintenance.interval-s`, timed by the host clock (so a manual
+//! clock drives it in tests).
 
 use std::time::Duration;
 
+use crate::bindings::types::PluginError;
 use crate::roles::Role;
-use crate::runtime::Host;
+use crate::runtime::{CallError, Host};
 
 impl Host {
     /// Call the pool's maintenance tick now and then every `interval`, until the returned
@@ -32,5 +33,13 @@ impl Host {
             let next = now.saturating_add(step);
             self.clock().sleep_until(next).await;
         }
+    }
+
+    /// The pool's `maintenance.on-tick(now)`.
+    pub async fn maintenance_tick(&self, now: u64) -> Result<Result<(), PluginError>, CallError> {
+        self.call_pool("maintenance.on-tick", move |store, pool| {
+            Box::pin(pool.pooler_plugins_maintenance().call_on_tick(store, now))
+        })
+        .await
     }
 }

@@ -1,20 +1,229 @@
-//! Delivery of availability changes between plugins. A finished call's signalled changes are
-//! queued here (coalesced per provider: causes unioned in first-seen order), and one task
-//! delivers them to every listening plugin — after the signalling call has returned, one
-//! call at a time, and at least once: a listener that traps or times out gets the change
-//! again (at once, then with a growing pause while it keeps failing).
+//! Mediation between plugins, in both directions. Queries: a plugin's availability query
+//! goes to a fresh instance of the pool ([`Mediator`], the stores' `AvailabilitySource`),
+//! with the contract's answers when the pool cannot answer. Changes: a finished call's
+//! signalled changes are queued here (coalesced per provider: causes unioned in first-seen
+//! order), and one task delivers them to every listening plugin — after the signalling call
+//! has returned, one call at a time, and at least once: a listener that traps or times out
+//! gets the change again (at once, then with a growing pause while it keeps failing).
 
-use std::sync::{Mutex, Weak};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
+use wasmtime::Store;
 
-use crate::bindings::types::AvailabilityChange;
+use crate::bindings::pool::AccountPool;
+use crate::bindings::types::{Availability, AvailabilityChange, PluginError, UnavailableReason};
+use crate::imports::availability::{AvailabilityQuery, AvailabilitySource};
 use crate::imports::listener::{ChangeSink, coalesce};
-use crate::runtime::{Host, Shared};
+use crate::roles::Role;
+use crate::runtime::{CallError, CallFuture, Host, Shared};
+use crate::state::PluginState;
+
+/// How long an availability query may take before the host answers
+/// `unavailable(source-unavailable)` (the contract's 5 s).
+pub const AVAILABILITY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest pause between redeliveries to a failing listener.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What the host answers for a pool that could not answer.
+const SOURCE_UNAVAILABLE: Availability =
+    Availability::Unavailable(UnavailableReason::SourceUnavailable);
+
+/// A plugin's query as the pool's export takes it.
+fn pool_query(
+    query: AvailabilityQuery,
+) -> crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
+    crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
+        thread: query.thread,
+        provider: query.provider,
+        request: query.request,
+        model: query.model,
+    }
+}
+
+/// Answers availability queries for the stores (holds the host weakly: stores must not keep
+/// the host alive).
+pub(crate) struct Mediator(Weak<Shared>);
+
+impl Mediator {
+    pub(crate) fn new(host: Weak<Shared>) -> Self {
+        Mediator(host)
+    }
+}
+
+impl AvailabilitySource for Mediator {
+    fn query(
+        &self,
+        caller: Arc<str>,
+        query: AvailabilityQuery,
+    ) -> Pin<Box<dyn Future<Output = Availability> + Send>> {
+        let host = self.0.upgrade().map(|shared| Host { shared });
+        Box::pin(async move {
+            match host {
+                Some(host) => host.query_availability(&caller, query).await,
+                None => SOURCE_UNAVAILABLE,
+            }
+        })
+    }
+
+    fn query_many(
+        &self,
+        caller: Arc<str>,
+        queries: Vec<AvailabilityQuery>,
+    ) -> Pin<Box<dyn Future<Output = Vec<Availability>> + Send>> {
+        let host = self.0.upgrade().map(|shared| Host { shared });
+        Box::pin(async move {
+            match host {
+                Some(host) => host.query_availability_many(&caller, queries).await,
+                None => vec![SOURCE_UNAVAILABLE; queries.len()],
+            }
+        })
+    }
+}
+
+impl Host {
+    /// Answer an availability query from `caller` through a fresh instance of the pool.
+    pub async fn query_availability(&self, caller: &str, query: AvailabilityQuery) -> Availability {
+        let query = pool_query(query);
+        let mut answers = self
+            .ask_pool(caller, "availability.query", 1, move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_availability()
+                        .call_query(store, &query)
+                        .await
+                        .map(|answer| vec![answer])
+                })
+            })
+            .await;
+        answers.pop().unwrap_or(SOURCE_UNAVAILABLE)
+    }
+
+    /// Answer several availability queries from `caller` with one call into a fresh
+    /// instance of the pool (`availability.query-many`): one answer per query, in order.
+    pub async fn query_availability_many(
+        &self,
+        caller: &str,
+        queries: Vec<AvailabilityQuery>,
+    ) -> Vec<Availability> {
+        if queries.is_empty() {
+            return Vec::new();
+        }
+        let count = queries.len();
+        let queries: Vec<_> = queries.into_iter().map(pool_query).collect();
+        self.ask_pool(
+            caller,
+            "availability.query-many",
+            count,
+            move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_availability()
+                        .call_query_many(store, &queries)
+                        .await
+                })
+            },
+        )
+        .await
+    }
+
+    /// The contract of both availability calls: `not-routed` without a pool;
+    /// `source-unavailable` for every query when the pool traps, takes over 5 s, answers
+    /// the wrong number of answers, or is the caller itself.
+    async fn ask_pool(
+        &self,
+        caller: &str,
+        name: &str,
+        count: usize,
+        call: impl for<'a> FnOnce(
+            &'a mut Store<PluginState>,
+            &'a AccountPool,
+        ) -> CallFuture<'a, Vec<Availability>>
+        + Send,
+    ) -> Vec<Availability> {
+        if self.shared.pool.is_none() {
+            return vec![Availability::NotRouted; count];
+        }
+        if caller == Role::AccountPool.name() {
+            // The pool asking itself would be a call into a plugin from inside its own call.
+            tracing::warn!(
+                plugin = caller,
+                "refused an availability query of the pool by itself"
+            );
+            return vec![SOURCE_UNAVAILABLE; count];
+        }
+        match tokio::time::timeout(AVAILABILITY_TIMEOUT, self.call_pool(name, call)).await {
+            Ok(Ok(answers)) if answers.len() == count => answers,
+            Ok(Ok(answers)) => {
+                tracing::warn!(
+                    caller,
+                    asked = count,
+                    answered = answers.len(),
+                    "availability source answered the wrong number of queries"
+                );
+                vec![SOURCE_UNAVAILABLE; count]
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(caller, error = %e, "availability source failed");
+                vec![SOURCE_UNAVAILABLE; count]
+            }
+            Err(_) => {
+                tracing::warn!(caller, "availability source did not answer within 5 s");
+                vec![SOURCE_UNAVAILABLE; count]
+            }
+        }
+    }
+
+    /// Deliver one availability change to every listening plugin; the first failure stops
+    /// the round (the whole change is delivered again later).
+    pub(crate) async fn deliver_change(
+        &self,
+        change: &AvailabilityChange,
+    ) -> Result<(), CallError> {
+        for role in Role::ALL.into_iter().filter(|role| role.is_listener()) {
+            match role {
+                Role::ProviderRetry if self.shared.retry.is_some() => {
+                    const CALL: &str = "availability-listener.availability-changed";
+                    let change = change.clone();
+                    let answer = self
+                        .call_retry(CALL, move |store, retry| {
+                            Box::pin(async move {
+                                retry
+                                    .pooler_plugins_availability_listener()
+                                    .call_availability_changed(store, &change)
+                                    .await
+                            })
+                        })
+                        .await?;
+                    match answer {
+                        Ok(()) => {}
+                        // The plugin says this change can never be handled: redelivering it
+                        // would loop, so it is logged and dropped.
+                        Err(PluginError::InvalidInput(reason)) => {
+                            tracing::warn!(plugin = role.name(), call = CALL, %reason, "listener refused an availability change");
+                        }
+                        Err(PluginError::Storage(reason) | PluginError::Dependency(reason)) => {
+                            return Err(CallError::Transient {
+                                plugin: role.name().to_owned(),
+                                call: CALL.to_owned(),
+                                reason,
+                            });
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves when every availability change signalled so far has been delivered (or
+    /// there is no listener to deliver it to).
+    pub async fn availability_changes_settled(&self) {
+        self.shared.changes.settled().await;
+    }
+}
 
 /// The queue of changes waiting for delivery.
 pub struct ChangeQueue {
@@ -96,7 +305,7 @@ impl ChangeSink for ChangeQueue {
 }
 
 /// The delivery task: runs until the host is dropped.
-pub(crate) async fn deliver(queue: std::sync::Arc<ChangeQueue>, host: Weak<Shared>) {
+pub(crate) async fn deliver(queue: Arc<ChangeQueue>, host: Weak<Shared>) {
     let mut failures: u32 = 0;
     loop {
         if *queue.closed.borrow() {

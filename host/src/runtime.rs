@@ -1,8 +1,8 @@
 //! The host runtime: loads each role's component (embedded or from a file), checks its
 //! world, pre-instantiates it once, and runs every plugin call and HTTP request in a fresh
-//! `Store` with a deadline and a memory cap. It also mediates between plugins: availability
-//! queries go to a fresh pool instance, availability changes go through the delivery queue
-//! (`mediator`), and calls into Provider Retry are made one at a time.
+//! `Store` with a deadline and a memory cap; calls into Provider Retry are made one at a
+//! time. What passes between plugins (availability queries and changes) is
+//! [`crate::mediator`]'s; `Host::new` only wires it into the stores.
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -17,23 +17,17 @@ use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 use crate::bindings::pool::{AccountPool, AccountPoolPre};
 use crate::bindings::retry::{ProviderRetry, ProviderRetryPre};
-use crate::bindings::types::{Availability, AvailabilityChange, PluginError, UnavailableReason};
 use crate::config::{ComponentSource, Config};
 use crate::engine::{self, EPOCH_TICK, EngineLimits};
-use crate::imports::availability::{AvailabilityQuery, AvailabilitySource};
 use crate::imports::clocks::ClockView;
 use crate::imports::http_out::{AllowList, OutgoingClient};
 use crate::imports::incoming_client::IncomingClientView;
 use crate::imports::sqlite::SqliteView;
 use crate::imports::threads::ThreadsService;
 use crate::imports::{availability, clocks, incoming_client, listener, log, sqlite, threads};
-use crate::mediator::ChangeQueue;
+use crate::mediator::{self, ChangeQueue, Mediator};
 use crate::roles::{Role, Surface, check_world};
 use crate::state::{PluginMeta, PluginState, Services};
-
-/// How long an availability query may take before the host answers
-/// `unavailable(source-unavailable)` (the contract's 5 s).
-pub const AVAILABILITY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Instances that may be alive at once (requests in flight plus plugin calls).
 const MAX_INSTANCES: u32 = 500;
@@ -163,8 +157,6 @@ pub(crate) struct Shared {
     pub(crate) pool: Option<Loaded<PoolPre>>,
     pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
     pub(crate) changes: Arc<ChangeQueue>,
-    /// The core, when the host runs with one (`core_link::CoreLink::attach`).
-    pub(crate) core: std::sync::OnceLock<Arc<crate::core_link::CoreLink>>,
     /// The routes whose answers the listener records (agent turns running).
     pub(crate) taps: Arc<crate::tap::Taps>,
 }
@@ -183,56 +175,6 @@ const GRANTS_FILE: &str = "allowed-hosts";
 #[derive(Clone)]
 pub struct Host {
     pub(crate) shared: Arc<Shared>,
-}
-
-/// What the host answers for a pool that could not answer.
-const SOURCE_UNAVAILABLE: Availability =
-    Availability::Unavailable(UnavailableReason::SourceUnavailable);
-
-/// A plugin's query as the pool's export takes it.
-fn pool_query(
-    query: AvailabilityQuery,
-) -> crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
-    crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
-        thread: query.thread,
-        provider: query.provider,
-        request: query.request,
-        model: query.model,
-    }
-}
-
-/// Answers availability queries for the stores (holds the host weakly: stores must not keep
-/// the host alive).
-struct Mediator(Weak<Shared>);
-
-impl AvailabilitySource for Mediator {
-    fn query(
-        &self,
-        caller: Arc<str>,
-        query: AvailabilityQuery,
-    ) -> Pin<Box<dyn Future<Output = Availability> + Send>> {
-        let host = self.0.upgrade().map(|shared| Host { shared });
-        Box::pin(async move {
-            match host {
-                Some(host) => host.query_availability(&caller, query).await,
-                None => SOURCE_UNAVAILABLE,
-            }
-        })
-    }
-
-    fn query_many(
-        &self,
-        caller: Arc<str>,
-        queries: Vec<AvailabilityQuery>,
-    ) -> Pin<Box<dyn Future<Output = Vec<Availability>> + Send>> {
-        let host = self.0.upgrade().map(|shared| Host { shared });
-        Box::pin(async move {
-            match host {
-                Some(host) => host.query_availability_many(&caller, queries).await,
-                None => vec![SOURCE_UNAVAILABLE; queries.len()],
-            }
-        })
-    }
 }
 
 fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
@@ -394,17 +336,16 @@ impl Host {
                 clock,
                 client: OutgoingClient::new(),
                 threads,
-                availability: Arc::new(Mediator(weak.clone())),
+                availability: Arc::new(Mediator::new(weak.clone())),
                 changes: changes.clone(),
                 databases,
             },
             pool,
             retry,
             changes: changes.clone(),
-            core: std::sync::OnceLock::new(),
             taps: Arc::default(),
         });
-        tokio::spawn(crate::mediator::deliver(changes, Arc::downgrade(&shared)));
+        tokio::spawn(mediator::deliver(changes, Arc::downgrade(&shared)));
         Ok(Host { shared })
     }
 
@@ -431,6 +372,27 @@ impl Host {
 
     pub fn clock(&self) -> &SharedClock {
         &self.shared.clock
+    }
+
+    /// Where `role`'s component came from, when one is loaded.
+    pub fn plugin_source(&self, role: Role) -> Option<String> {
+        match role {
+            Role::AccountPool => self.shared.pool.as_ref().map(|p| p.meta.source.clone()),
+            Role::ProviderRetry => self.shared.retry.as_ref().map(|p| p.meta.source.clone()),
+        }
+    }
+
+    /// A person set one of `role`'s settings to `value`: if it is an http(s) URL, allow the
+    /// plugin to reach its host and port from now on (kept across restarts).
+    pub fn grant_url(&self, role: Role, value: &str) -> anyhow::Result<bool> {
+        let meta = match role {
+            Role::AccountPool => self.shared.pool.as_ref().map(|p| &p.meta),
+            Role::ProviderRetry => self.shared.retry.as_ref().map(|p| &p.meta),
+        };
+        match meta {
+            Some(meta) => meta.allow.grant_url(value),
+            None => Ok(false),
+        }
     }
 
     /// A fresh store for one call or request of `meta`'s plugin, with its memory cap and a
@@ -573,152 +535,5 @@ impl Host {
             .as_ref()
             .ok_or(CallError::NoPlugin(Role::ProviderRetry))?;
         self.call(plugin, call, f).await
-    }
-
-    /// The pool's `maintenance.on-tick(now)`.
-    pub async fn maintenance_tick(&self, now: u64) -> Result<Result<(), PluginError>, CallError> {
-        self.call_pool("maintenance.on-tick", move |store, pool| {
-            Box::pin(pool.pooler_plugins_maintenance().call_on_tick(store, now))
-        })
-        .await
-    }
-
-    /// Answer an availability query from `caller` through a fresh instance of the pool.
-    pub async fn query_availability(&self, caller: &str, query: AvailabilityQuery) -> Availability {
-        let query = pool_query(query);
-        let mut answers = self
-            .ask_pool(caller, "availability.query", 1, move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_availability()
-                        .call_query(store, &query)
-                        .await
-                        .map(|answer| vec![answer])
-                })
-            })
-            .await;
-        answers.pop().unwrap_or(SOURCE_UNAVAILABLE)
-    }
-
-    /// Answer several availability queries from `caller` with one call into a fresh
-    /// instance of the pool (`availability.query-many`): one answer per query, in order.
-    pub async fn query_availability_many(
-        &self,
-        caller: &str,
-        queries: Vec<AvailabilityQuery>,
-    ) -> Vec<Availability> {
-        if queries.is_empty() {
-            return Vec::new();
-        }
-        let count = queries.len();
-        let queries: Vec<_> = queries.into_iter().map(pool_query).collect();
-        self.ask_pool(
-            caller,
-            "availability.query-many",
-            count,
-            move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_availability()
-                        .call_query_many(store, &queries)
-                        .await
-                })
-            },
-        )
-        .await
-    }
-
-    /// The contract of both availability calls: `not-routed` without a pool;
-    /// `source-unavailable` for every query when the pool traps, takes over 5 s, answers
-    /// the wrong number of answers, or is the caller itself.
-    async fn ask_pool(
-        &self,
-        caller: &str,
-        name: &str,
-        count: usize,
-        call: impl for<'a> FnOnce(
-            &'a mut Store<PluginState>,
-            &'a AccountPool,
-        ) -> CallFuture<'a, Vec<Availability>>
-        + Send,
-    ) -> Vec<Availability> {
-        if self.shared.pool.is_none() {
-            return vec![Availability::NotRouted; count];
-        }
-        if caller == Role::AccountPool.name() {
-            // The pool asking itself would be a call into a plugin from inside its own call.
-            tracing::warn!(
-                plugin = caller,
-                "refused an availability query of the pool by itself"
-            );
-            return vec![SOURCE_UNAVAILABLE; count];
-        }
-        match tokio::time::timeout(AVAILABILITY_TIMEOUT, self.call_pool(name, call)).await {
-            Ok(Ok(answers)) if answers.len() == count => answers,
-            Ok(Ok(answers)) => {
-                tracing::warn!(
-                    caller,
-                    asked = count,
-                    answered = answers.len(),
-                    "availability source answered the wrong number of queries"
-                );
-                vec![SOURCE_UNAVAILABLE; count]
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(caller, error = %e, "availability source failed");
-                vec![SOURCE_UNAVAILABLE; count]
-            }
-            Err(_) => {
-                tracing::warn!(caller, "availability source did not answer within 5 s");
-                vec![SOURCE_UNAVAILABLE; count]
-            }
-        }
-    }
-
-    /// Deliver one availability change to every listening plugin; the first failure stops
-    /// the round (the whole change is delivered again later).
-    pub(crate) async fn deliver_change(
-        &self,
-        change: &AvailabilityChange,
-    ) -> Result<(), CallError> {
-        for role in Role::ALL.into_iter().filter(|role| role.is_listener()) {
-            match role {
-                Role::ProviderRetry if self.shared.retry.is_some() => {
-                    const CALL: &str = "availability-listener.availability-changed";
-                    let change = change.clone();
-                    let answer = self
-                        .call_retry(CALL, move |store, retry| {
-                            Box::pin(async move {
-                                retry
-                                    .pooler_plugins_availability_listener()
-                                    .call_availability_changed(store, &change)
-                                    .await
-                            })
-                        })
-                        .await?;
-                    match answer {
-                        Ok(()) => {}
-                        // The plugin says this change can never be handled: redelivering it
-                        // would loop, so it is logged and dropped.
-                        Err(PluginError::InvalidInput(reason)) => {
-                            tracing::warn!(plugin = role.name(), call = CALL, %reason, "listener refused an availability change");
-                        }
-                        Err(PluginError::Storage(reason) | PluginError::Dependency(reason)) => {
-                            return Err(CallError::Transient {
-                                plugin: role.name().to_owned(),
-                                call: CALL.to_owned(),
-                                reason,
-                            });
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Resolves when every availability change signalled so far has been delivered (or
-    /// there is no listener to deliver it to).
-    pub async fn availability_changes_settled(&self) {
-        self.shared.changes.settled().await;
     }
 }

@@ -224,7 +224,9 @@ impl CoreHost {
     async fn serve(&mut self) {
         let server = Server::bind(self.host.clone(), "127.0.0.1:0".parse().unwrap())
             .await
-            .expect("bind");
+            .expect("bind")
+            .with_core(self.link.clone())
+            .expect("wire the core in");
         self.url = format!("http://{}", server.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async {
@@ -467,7 +469,7 @@ impl CoreHost {
         body: serde_json::Value,
     ) -> (u16, serde_json::Value) {
         let token =
-            std::fs::read_to_string(self.data.path().join(pooler_host::server::ADMIN_TOKEN_FILE))
+            std::fs::read_to_string(self.data.path().join(pooler_host::wire::ADMIN_TOKEN_FILE))
                 .expect("the admin token");
         let request = hyper::Request::builder()
             .method(method)

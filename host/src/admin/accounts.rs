@@ -17,51 +17,12 @@
 //! required for Codex). `contents` is the text of a Claude Code `.credentials.json` or a
 //! Codex CLI `auth.json`. No answer ever holds a secret: an account shows a `secret_hint`.
 
-use serde::{Deserialize, Serialize};
-
-use super::{Admin, AdminRequest, ApiError, Fields, ProviderName, Reply};
+use super::{Admin, AdminRequest, ApiError, Fields, Reply};
 use crate::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountStatus, AccountsError, Credential, CredentialKind, NewAccount,
     OauthCredential, UsageWindow,
 };
-
-/// An account as the admin API shows it. Contains no secret.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AccountView {
-    pub id: String,
-    pub provider: ProviderName,
-    /// `api-key` or `oauth`.
-    pub kind: String,
-    pub label: String,
-    pub priority: i32,
-    pub enabled: bool,
-    /// `disabled`, `error`, `held`, `exhausted`, `near-limit` or `ready`.
-    pub status: String,
-    /// `…abcd` for an API key, `oauth` for OAuth.
-    pub secret_hint: String,
-    pub created_at: u64,
-    pub last_used_at: Option<u64>,
-    pub error: Option<String>,
-    pub held_until: Option<u64>,
-    pub needs_sign_in: bool,
-    pub token_expires_at: Option<u64>,
-    pub windows: Vec<WindowView>,
-    /// When a blocked account serves again, when known.
-    pub blocking_reset: Option<u64>,
-}
-
-/// One observed quota window of an account.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WindowView {
-    pub name: String,
-    pub family: Option<String>,
-    /// 0..=1.
-    pub utilization: Option<f64>,
-    pub resets_at: Option<u64>,
-    pub status: Option<String>,
-    pub blocking: bool,
-    pub observed_at: u64,
-}
+use crate::wire::{AccountView, ProviderName, WindowView};
 
 impl From<AccountInfo> for AccountView {
     fn from(a: AccountInfo) -> Self {

@@ -1,6 +1,7 @@
 //! `/_pooler/threads…`: the core's threads, their turns and retry rows, for `pooler thread …`
 //! and `pooler retry send-now|opt-out`. Answered by the host's core
-//! ([`crate::core_link::CoreLink`]); 503 when the host runs without one.
+//! ([`crate::core_link::CoreLink`], wired in by `Server::with_core`); 503 when the server
+//! runs without one.
 //!
 //! | method and path                   | body                        | answer |
 //! |-----------------------------------|-----------------------------|--------|
@@ -24,8 +25,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Admin, AdminRequest, ApiError, ProviderName, Reply};
+use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::core_link::{CoreLink, LinkError};
+use crate::wire::ProviderName;
 use pooler_core::{Agent, AgentSpec, CoreError, Provider};
 
 /// The core's records serialise their fields in WIT spelling (`retry-opt-out`); the admin
@@ -79,7 +81,7 @@ fn refused(e: LinkError) -> ApiError {
 }
 
 fn link(admin: &Admin) -> Result<Arc<CoreLink>, ApiError> {
-    admin.host().core().cloned().ok_or_else(|| {
+    admin.core().cloned().ok_or_else(|| {
         ApiError::unavailable("no-core", "this host runs without a core: no threads")
     })
 }

@@ -30,7 +30,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Body;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response, StatusCode};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 use wasmtime::Store;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
@@ -38,9 +38,10 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use crate::bindings::pool::AccountPool;
 use crate::bindings::retry::ProviderRetry;
 use crate::bindings::types::Provider;
+use crate::core_link::CoreLink;
 use crate::runtime::{CallError, CallFuture, Host};
-use crate::server::{ADMIN_PREFIX, ORIGIN_HEADER};
 use crate::state::PluginState;
+use crate::wire::{ADMIN_PREFIX, ORIGIN_HEADER, ProviderName, endpoint_url};
 
 /// The largest admin request body accepted (a login file is a few KB).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -71,14 +72,14 @@ areas! {
     "retry" => retry,
 }
 
-pub use accounts::{AccountView, WindowView};
-pub use routes::{EnvVar, RouteView};
-pub use sessions::{AttemptView, SessionView};
-pub use settings::SettingView;
+mod fields;
+pub use fields::Fields;
 
 /// The admin API of one server.
 pub struct Admin {
     host: Host,
+    /// The host's core, when it runs with one (wired in by the server).
+    core: Option<Arc<CoreLink>>,
     token: String,
     endpoint: String,
     in_flight: Arc<AtomicUsize>,
@@ -96,6 +97,7 @@ impl Admin {
     ) -> Admin {
         Admin {
             host,
+            core: None,
             token,
             endpoint: endpoint_url(local_addr),
             in_flight,
@@ -104,6 +106,17 @@ impl Admin {
 
     pub fn host(&self) -> &Host {
         &self.host
+    }
+
+    /// The admin API answering the `threads` area from `core`.
+    pub fn with_core(mut self, core: Arc<CoreLink>) -> Admin {
+        self.core = Some(core);
+        self
+    }
+
+    /// The host's core, when it runs with one.
+    pub fn core(&self) -> Option<&Arc<CoreLink>> {
+        self.core.as_ref()
     }
 
     /// The URL agents reach this server at: what routes are opened with.
@@ -195,18 +208,6 @@ impl Admin {
     ) -> Result<R, ApiError> {
         self.host.call_retry(call, f).await.map_err(ApiError::from)
     }
-}
-
-/// `http://<addr>`, with the loopback address when the server listens on every address.
-fn endpoint_url(addr: SocketAddr) -> String {
-    let mut addr = addr;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(match addr {
-            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        });
-    }
-    format!("http://{addr}")
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -314,175 +315,6 @@ impl AdminRequest {
     /// `METHOD /_pooler/…`, for messages.
     fn describe(&self) -> String {
         format!("{} {ADMIN_PREFIX}{}", self.method, self.segments.join("/"))
-    }
-}
-
-/// A JSON request body, read one named field at a time. Each accessor removes its field;
-/// [`Fields::finish`] refuses the fields nobody asked for, by name. Messages name the field
-/// and the expected type, never the value (bodies carry secrets).
-#[derive(Debug)]
-pub struct Fields {
-    map: Map<String, Value>,
-    /// `outer.` for a nested object, so messages name the whole path.
-    prefix: String,
-}
-
-impl Fields {
-    fn new(map: Map<String, Value>) -> Self {
-        Fields {
-            map,
-            prefix: String::new(),
-        }
-    }
-
-    fn take(&mut self, name: &str) -> Option<Value> {
-        self.map.remove(name).filter(|v| !v.is_null())
-    }
-
-    fn wrong(&self, name: &str, expected: &str) -> ApiError {
-        ApiError::bad_request(
-            "invalid-field",
-            format!("`{}{name}` must be {expected}", self.prefix),
-        )
-    }
-
-    fn missing(&self, name: &str) -> ApiError {
-        ApiError::bad_request(
-            "missing-field",
-            format!("`{}{name}` is required", self.prefix),
-        )
-    }
-
-    pub fn opt_str(&mut self, name: &str) -> Result<Option<String>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(self.wrong(name, "a string")),
-        }
-    }
-
-    pub fn str(&mut self, name: &str) -> Result<String, ApiError> {
-        self.opt_str(name)?.ok_or_else(|| self.missing(name))
-    }
-
-    pub fn opt_i32(&mut self, name: &str) -> Result<Option<i32>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(v) => v
-                .as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| self.wrong(name, "a whole number (32-bit)")),
-        }
-    }
-
-    pub fn i32(&mut self, name: &str) -> Result<i32, ApiError> {
-        self.opt_i32(name)?.ok_or_else(|| self.missing(name))
-    }
-
-    pub fn opt_u64(&mut self, name: &str) -> Result<Option<u64>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| self.wrong(name, "a non-negative whole number")),
-        }
-    }
-
-    pub fn provider(&mut self, name: &str) -> Result<Provider, ApiError> {
-        let text = self.str(name)?;
-        ProviderName::parse(&text)
-            .map(Provider::from)
-            .ok_or_else(|| self.wrong(name, "`claude` or `codex`"))
-    }
-
-    pub fn opt_provider(&mut self, name: &str) -> Result<Option<Provider>, ApiError> {
-        if self.map.get(name).is_none_or(Value::is_null) {
-            // A null is as good as no field: read it, so `finish` does not call it unknown.
-            self.map.remove(name);
-            return Ok(None);
-        }
-        self.provider(name).map(Some)
-    }
-
-    /// A list of strings, empty when the field is missing or null.
-    pub fn opt_strings(&mut self, name: &str) -> Result<Vec<String>, ApiError> {
-        if self.map.get(name).is_none_or(Value::is_null) {
-            self.map.remove(name);
-            return Ok(Vec::new());
-        }
-        self.strings(name)
-    }
-
-    pub fn strings(&mut self, name: &str) -> Result<Vec<String>, ApiError> {
-        match self.take(name) {
-            None => Err(self.missing(name)),
-            Some(Value::Array(items)) => items
-                .into_iter()
-                .map(|item| match item {
-                    Value::String(s) => Ok(s),
-                    _ => Err(self.wrong(name, "a list of strings")),
-                })
-                .collect(),
-            Some(_) => Err(self.wrong(name, "a list of strings")),
-        }
-    }
-
-    /// A nested object, read the same way (field names in messages are `outer.inner`).
-    pub fn object(&mut self, name: &str) -> Result<Option<Fields>, ApiError> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(Value::Object(map)) => Ok(Some(Fields {
-                map,
-                prefix: format!("{}{name}.", self.prefix),
-            })),
-            Some(_) => Err(self.wrong(name, "an object")),
-        }
-    }
-
-    /// Refuse any field left unread, naming it.
-    pub fn finish(self) -> Result<(), ApiError> {
-        match self.map.keys().next() {
-            None => Ok(()),
-            Some(name) => Err(ApiError::bad_request(
-                "unknown-field",
-                format!("unknown field `{}{name}`", self.prefix),
-            )),
-        }
-    }
-}
-
-/// A provider as the admin API and the CLI spell it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderName {
-    /// Anthropic (Claude Code).
-    Claude,
-    /// OpenAI (Codex CLI).
-    Codex,
-}
-
-impl ProviderName {
-    pub fn parse(text: &str) -> Option<ProviderName> {
-        match text {
-            "claude" => Some(ProviderName::Claude),
-            "codex" => Some(ProviderName::Codex),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderName::Claude => "claude",
-            ProviderName::Codex => "codex",
-        }
-    }
-}
-
-impl std::fmt::Display for ProviderName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -612,19 +444,6 @@ impl From<CallError> for ApiError {
             }
         }
     }
-}
-
-/// Percent-encode a path segment (everything but unreserved characters).
-pub fn percent_encode(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Decode a percent-encoded path segment or query component (`+` stays `+`).

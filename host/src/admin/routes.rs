@@ -10,35 +10,10 @@
 //! A route is `{thread, provider, base_url, token, env: [{name, value}], args, config_lines,
 //! opened_at}`. The token is the agent's secret: it is only ever in the answer to `POST`.
 
-use serde::{Deserialize, Serialize};
-
-use super::{Admin, AdminRequest, ApiError, ProviderName, Reply};
+use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::pool::exports::pooler::plugins::routing::{Route, RoutingError};
 use crate::bindings::types::Provider;
-
-/// A route as the admin API shows it, once, to whoever opened it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RouteView {
-    pub thread: String,
-    pub provider: ProviderName,
-    pub base_url: String,
-    /// The route's secret token.
-    pub token: String,
-    /// Environment variables the agent needs, in order.
-    pub env: Vec<EnvVar>,
-    /// Extra command-line arguments the agent needs (Codex CLI's `-c …` flags).
-    pub args: Vec<String>,
-    /// The same configuration as `config.toml` lines (Codex CLI).
-    pub config_lines: Vec<String>,
-    pub opened_at: u64,
-}
-
-/// One environment variable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnvVar {
-    pub name: String,
-    pub value: String,
-}
+use crate::wire::{EnvVar, ProviderName, RouteView};
 
 impl From<Route> for RouteView {
     fn from(r: Route) -> Self {

@@ -8,37 +8,9 @@
 //! `session` is a raw session id or a stored key (`session:<id>`, `cache:<key>`),
 //! percent-encoded. A session with no pin is not an error: `account` is null and `why` says so.
 
-use serde::{Deserialize, Serialize};
-
-use super::{Admin, AdminRequest, ApiError, ProviderName, Reply};
+use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::pool::exports::pooler::plugins::routing::{AttemptRecord, SessionExplanation};
-
-/// Where a session is pinned and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionView {
-    pub provider: ProviderName,
-    /// The session key as the pool stores it.
-    pub key: String,
-    /// The pinned account, when a fresh pin exists.
-    pub account: Option<String>,
-    /// The thread whose route made the pin, when known.
-    pub thread: Option<String>,
-    pub last_used_at: Option<u64>,
-    pub expires_at: Option<u64>,
-    pub why: String,
-    /// The latest attempts, newest last.
-    pub recent: Vec<AttemptView>,
-}
-
-/// One upstream attempt of a session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttemptView {
-    pub at: u64,
-    pub account: String,
-    /// The upstream status; null for a transport failure.
-    pub status: Option<u16>,
-    pub outcome: String,
-}
+use crate::wire::{AttemptView, SessionView};
 
 impl From<SessionExplanation> for SessionView {
     fn from(s: SessionExplanation) -> Self {

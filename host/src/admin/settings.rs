@@ -11,12 +11,11 @@
 //! A setting is `{key, value, default, description}`; values are strings in the key's format
 //! (durations `250ms`/`20s`/`5m`, fractions `0.98`, booleans `on`/`off`, URLs).
 
-use serde::{Deserialize, Serialize};
-
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::pool::exports::pooler::plugins::settings as pool_settings;
 use crate::bindings::retry::exports::pooler::plugins::settings as retry_settings;
 use crate::roles::Role;
+use crate::wire::SettingView;
 
 /// The key prefix of each role's settings.
 const PREFIXES: [(&str, Role); 2] = [("pool.", Role::AccountPool), ("retry.", Role::ProviderRetry)];
@@ -26,16 +25,6 @@ fn prefix(role: Role) -> &'static str {
         .iter()
         .find(|(_, r)| *r == role)
         .map_or("", |(p, _)| p)
-}
-
-/// One setting as the admin API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SettingView {
-    /// With its role prefix (`pool.switch-threshold`).
-    pub key: String,
-    pub value: String,
-    pub default: String,
-    pub description: String,
 }
 
 /// A plugin's `settings-error`, whichever world it came from.

@@ -12,6 +12,7 @@ use super::*;
 use crate::config::Config;
 use crate::imports::threads::NoCore;
 use crate::runtime::HostOptions;
+use crate::wire::percent_encode;
 
 pub(super) const TOKEN: &str = "0123456789abcdef";
 

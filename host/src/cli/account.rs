@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use super::UsageError;
 use super::client::{ClientArgs, field};
 use super::format::{now_ms, relative, table, when};
-use crate::admin::{AccountView, ProviderName, percent_encode};
+use crate::wire::{AccountView, ProviderName, percent_encode};
 
 /// Manage the pool's accounts: add, import, list, enable, disable, remove, refresh, order.
 #[derive(Debug, clap::Args)]

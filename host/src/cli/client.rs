@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::server::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
+use crate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
 
 /// The file in the data directory that says where the server listens.
 pub const SERVER_FILE: &str = "server.json";
@@ -182,7 +182,7 @@ impl Client {
     }
 
     /// One call: `path` is relative to `/_pooler/` (segments already percent-encoded, see
-    /// [`crate::admin::percent_encode`]). A refusal is an [`ApiFailure`].
+    /// [`crate::wire::percent_encode`]). A refusal is an [`ApiFailure`].
     pub async fn call(
         &self,
         method: Method,

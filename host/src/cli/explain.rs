@@ -1,12 +1,7 @@
-//! The Provider Retry diagnostics as the admin API carries them (`/_pooler/retry/…`, from the
-//! plugin's `retry-admin` export) and their rendering in words for `pooler retry explain`,
-//! e.g. "00:50:16  rescheduled 03:00:23 → 00:50:31 after pool availability changed (account
-//! enabled)".
-//!
-//! The types mirror the WIT records of `wit/retry-admin.wit` one to one, in the admin API's
-//! spelling: `snake_case` fields, enum values as the WIT case names, and each variant as an
-//! object whose `kind` is the case name (`{"kind": "rescheduled", "from": …, "to": …}`).
-//! Timestamps are unix epoch milliseconds; the words print them as UTC `HH:MM:SS`, and a
+//! The rendering in words of Provider Retry's diagnostics for `pooler retry explain`, e.g.
+//! "00:50:16  rescheduled 03:00:23 → 00:50:31 after pool availability changed (account
+//! enabled)". The records themselves are the admin API's ([`crate::wire`], from the plugin's
+//! `retry-admin` export under `/_pooler/retry/…`). Timestamps print as UTC `HH:MM:SS`, and a
 //! chain's heading carries the full date.
 //!
 //! This is the only renderer: the plugin records its history as data (`Engine::record` and
@@ -14,107 +9,7 @@
 //! words, from `ChangeCause::words` in its `types.rs`), so a replacement plugin's history
 //! reads the same. The tests here pin every trigger and action.
 
-use serde::{Deserialize, Serialize};
-
-/// An open candidate: a chain with a live retry row or a watch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CandidateView {
-    pub thread: String,
-    /// The chain's original request.
-    pub original_request: String,
-    /// The chain's latest failed request.
-    pub failed_request: String,
-    /// `scheduled` (a live row) or `watching` (declined for now, revisited on every
-    /// re-evaluation).
-    pub state: String,
-    /// The live row, when scheduled.
-    pub row: Option<u64>,
-    /// When the row is due, when scheduled.
-    pub send_at: Option<u64>,
-    /// The attempt the next dispatch will carry.
-    pub next_attempt: u32,
-    /// Why it is in this state.
-    pub reason: String,
-    /// When the chain first failed (T0).
-    pub chain_started_at: u64,
-}
-
-/// What set off an entry of the history.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum TriggerView {
-    /// A `turn-failed` event.
-    Failure,
-    /// An `availability-changed` signal; `causes` lists what changed.
-    Signal { causes: String },
-    /// `on-start`.
-    Start,
-    /// `on-tick`.
-    Tick,
-    /// `before-dispatch` of the due row.
-    Due,
-    /// A person (cancel, send-now).
-    Person,
-    /// The turn was dispatched by the core (seen on the next event).
-    Dispatch,
-}
-
-/// What was done.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum ActionView {
-    /// A row was created for this send time.
-    Scheduled { at: u64 },
-    /// The row moved from one send time to another.
-    Rescheduled { from: u64, to: u64 },
-    /// Declined for now, kept open.
-    Watching,
-    /// Declined for good.
-    Declined,
-    /// The row was removed without dispatch.
-    Dropped,
-    /// The row was (or will be) dispatched as this attempt.
-    Dispatched { attempt: u32 },
-    /// The candidate was closed (succeeded, stale, expired, cancelled).
-    Resolved,
-    /// Nothing changed (the decision stands).
-    Unchanged,
-}
-
-/// The pool's availability as the plugin saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum AvailabilityView {
-    /// The pool does not route the thread.
-    NotRouted,
-    /// The pool would serve now.
-    Ready,
-    /// Nothing serves before `retry_at`; `cause` is the WIT `block-cause` name.
-    Blocked { retry_at: u64, cause: String },
-    /// Nothing serves and the pool cannot say when; `reason` is the WIT
-    /// `unavailable-reason` name.
-    Unavailable { reason: String },
-}
-
-/// One entry of a chain's history.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EntryView {
-    pub at: u64,
-    pub trigger: TriggerView,
-    /// The availability the plugin saw, when it asked.
-    pub availability: Option<AvailabilityView>,
-    pub action: ActionView,
-    /// The reason, in the plugin's stable words (`rate-limited`, `stale: newer request`, …).
-    pub reason: String,
-}
-
-/// The history of one chain, oldest entry first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChainView {
-    pub thread: String,
-    pub original_request: String,
-    pub entries: Vec<EntryView>,
-}
+use crate::wire::{ActionView, AvailabilityView, ChainView, EntryView, TriggerView};
 
 /// `HH:MM:SS` (UTC) of a unix-epoch millisecond timestamp.
 pub fn clock_time(ms: u64) -> String {

@@ -15,10 +15,10 @@
 use clap::Subcommand;
 use serde_json::json;
 
-use super::explain::{CandidateView, ChainView, render};
+use super::explain::render;
 use super::client::{ClientArgs, field};
 use super::format::{now_ms, table, when};
-use crate::admin::percent_encode;
+use crate::wire::{CandidateView, ChainView, percent_encode};
 
 /// See, explain, cancel, override or switch off a thread's automatic retries.
 #[derive(Debug, clap::Args)]

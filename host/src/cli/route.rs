@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::client::{ClientArgs, field};
 use super::format::shell_quote;
-use crate::admin::{ProviderName, RouteView, percent_encode};
+use crate::wire::{ProviderName, RouteView, percent_encode};
 
 /// Open and close the route a thread's agent reaches the pool through.
 #[derive(Debug, clap::Args)]
@@ -104,7 +104,7 @@ fn env_lines(route: &RouteView, export: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admin::EnvVar;
+    use crate::wire::EnvVar;
 
     #[test]
     fn codex_routes_print_variables_then_comments() {

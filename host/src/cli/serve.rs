@@ -14,7 +14,8 @@ use super::client::ServerFile;
 use crate::config::Config;
 use crate::core_link::{CoreLink, CoreOptions};
 use crate::runtime::{Host, HostOptions};
-use crate::server::{ADMIN_TOKEN_FILE, Server};
+use crate::server::Server;
+use crate::wire::ADMIN_TOKEN_FILE;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
@@ -61,8 +62,10 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         threads: core.threads_service(),
         cache_dir: Some(data_dir.join("cache")),
     })?;
-    core.attach(&host)?;
-    let server = Server::bind(host.clone(), listen).await?;
+    let core = core.attach(&host)?;
+    let server = Server::bind(host.clone(), listen)
+        .await?
+        .with_core(core.clone())?;
     let addr = server.local_addr()?;
     let server_file = ServerFile::new(addr);
     server_file.write(&data_dir)?;
@@ -80,9 +83,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     maintenance.abort();
     // Let a due pass finish the row it is gating; running turns are recorded as
     // interrupted at the next start.
-    if let Some(core) = host.core() {
-        core.shutdown().await;
-    }
+    core.shutdown().await;
     // Only our own file: another server may have started on this data directory since.
     server_file.remove_if_ours(&data_dir);
     result?;

@@ -5,7 +5,7 @@ use clap::Subcommand;
 
 use super::client::{ClientArgs, field};
 use super::format::{iso, now_ms, relative, table, when};
-use crate::admin::{ProviderName, SessionView, percent_encode};
+use crate::wire::{ProviderName, SessionView, percent_encode};
 
 /// Explain where a session (a conversation) is pinned, why, and its latest attempts.
 #[derive(Debug, clap::Args)]

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::client::ClientArgs;
 use super::format::{iso, now_ms, table, when};
-use crate::admin::{ProviderName, percent_encode};
+use crate::wire::{ProviderName, percent_encode};
 
 /// Create threads, send them messages, and see their turns and queued retries.
 #[derive(Debug, clap::Args)]

@@ -1,0 +1,122 @@
+//! How the link runs: [`CoreOptions`] (the retry tick, the concurrency limit, the turn
+//! driver) and [`AgentOptions`] (where the agent CLIs are and how long a turn may run), from
+//! the host configuration's `[core]` and `[agents]` tables.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pooler_core::agent::{AgentLimits, Cli};
+use pooler_core::driver::DriverConfig;
+
+use crate::config::{AgentsConfig, CoreConfig};
+
+/// How the link runs.
+#[derive(Debug, Clone)]
+pub struct CoreOptions {
+    /// Provider Retry's `on-tick` interval in host time (zero: never).
+    pub retry_tick: Duration,
+    /// Stored as the core's concurrency limit at open, when set.
+    pub concurrency_limit: Option<u32>,
+    /// The turn driver's settings.
+    pub driver: DriverConfig,
+    /// The agent CLIs of agent threads.
+    pub agents: AgentOptions,
+}
+
+/// Where the agent CLIs are and how long a turn may run.
+#[derive(Debug, Clone, Default)]
+pub struct AgentOptions {
+    /// Claude Code's binary from the configuration (else `POOLER_CLAUDE_CODE_BIN`, else
+    /// `claude` on `PATH`).
+    pub claude_code: Option<PathBuf>,
+    /// Codex's binary from the configuration (else `POOLER_CODEX_BIN`, else `codex`).
+    pub codex: Option<PathBuf>,
+    pub limits: AgentLimits,
+}
+
+impl AgentOptions {
+    pub fn from_config(config: &AgentsConfig) -> Self {
+        AgentOptions {
+            claude_code: config.claude_code.clone(),
+            codex: config.codex.clone(),
+            limits: AgentLimits {
+                time_limit: Duration::from_secs(config.turn_time_limit_s),
+                ..AgentLimits::default()
+            },
+        }
+    }
+
+    /// The binary of `cli`: the configuration's, else the environment variable's, else the
+    /// usual name on `PATH`. An error names where it looked.
+    pub fn binary(&self, cli: Cli) -> Result<PathBuf, String> {
+        let (configured, var, name) = match cli {
+            Cli::ClaudeCode => (&self.claude_code, "POOLER_CLAUDE_CODE_BIN", "claude"),
+            Cli::Codex => (&self.codex, "POOLER_CODEX_BIN", "codex"),
+        };
+        let agent = cli.agent();
+        let executable = |p: &Path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        };
+        if let Some(path) = configured {
+            return if executable(path) {
+                Ok(path.clone())
+            } else {
+                Err(format!(
+                    "the {agent} binary {} ([agents] in the configuration) is not an executable file",
+                    path.display()
+                ))
+            };
+        }
+        if let Some(path) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            let path = PathBuf::from(path);
+            return if executable(&path) {
+                Ok(path)
+            } else {
+                Err(format!(
+                    "the {agent} binary {} (${var}) is not an executable file",
+                    path.display()
+                ))
+            };
+        }
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .map(|dir| dir.join(name))
+            .find(|p| executable(p))
+            .ok_or_else(|| {
+                format!(
+                    "no {agent} binary: `{name}` is not on PATH; install it, or name it in \
+                     [agents] of the configuration or in ${var}"
+                )
+            })
+    }
+}
+
+impl CoreOptions {
+    pub fn from_config(config: &CoreConfig) -> Self {
+        CoreOptions {
+            retry_tick: Duration::from_secs(config.retry_tick_s),
+            concurrency_limit: config.concurrency_limit,
+            driver: DriverConfig {
+                idle_timeout: Duration::from_secs(config.turn_idle_timeout_s),
+                ..DriverConfig::default()
+            },
+            agents: AgentOptions::default(),
+        }
+    }
+
+    /// [`CoreOptions::from_config`] plus the `[agents]` table.
+    pub fn from_host_config(config: &crate::config::Config) -> Self {
+        CoreOptions {
+            agents: AgentOptions::from_config(&config.agents),
+            ..CoreOptions::from_config(&config.core)
+        }
+    }
+}
+
+impl Default for CoreOptions {
+    fn default() -> Self {
+        CoreOptions::from_config(&CoreConfig::default())
+    }
+}

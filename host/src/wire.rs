@@ -1,0 +1,289 @@
+//! The admin API on the wire: what the server ([`crate::admin`]) and its client, the
+//! `pooler` command line ([`crate::cli`]), both speak — the path prefix, the token file, the
+//! origin header, path-segment percent-encoding and every JSON view. The server converts
+//! plugin records into these views; the CLI reads them. Neither end owns them, so the CLI
+//! is a pure client of this module and the server never depends on its client.
+//!
+//! Conventions: timestamps are unix epoch milliseconds (UTC); field names are `snake_case`;
+//! enum values are the WIT case names. The Provider Retry views mirror the WIT records of
+//! `wit/retry-admin.wit` one to one, each variant as an object whose `kind` is the case name
+//! (`{"kind": "rescheduled", "from": …, "to": …}`).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// The admin API's path prefix.
+pub const ADMIN_PREFIX: &str = "/_pooler/";
+/// The admin token's file name in the data directory.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+/// The header that marks a response the host (not the upstream provider) produced.
+pub const ORIGIN_HEADER: &str = "x-pooler-origin";
+
+/// `http://<addr>`, with the loopback address when the server listens on every address: the
+/// URL agents reach a server at (routes are opened with it, the core sends its turns to it).
+pub fn endpoint_url(addr: SocketAddr) -> String {
+    let mut addr = addr;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    format!("http://{addr}")
+}
+
+/// Percent-encode a path segment (everything but unreserved characters).
+pub fn percent_encode(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A provider as the admin API and the CLI spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderName {
+    /// Anthropic (Claude Code).
+    Claude,
+    /// OpenAI (Codex CLI).
+    Codex,
+}
+
+impl ProviderName {
+    pub fn parse(text: &str) -> Option<ProviderName> {
+        match text {
+            "claude" => Some(ProviderName::Claude),
+            "codex" => Some(ProviderName::Codex),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderName::Claude => "claude",
+            ProviderName::Codex => "codex",
+        }
+    }
+}
+
+impl std::fmt::Display for ProviderName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// Accounts (`/_pooler/accounts…`).
+
+/// An account as the admin API shows it. Contains no secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountView {
+    pub id: String,
+    pub provider: ProviderName,
+    /// `api-key` or `oauth`.
+    pub kind: String,
+    pub label: String,
+    pub priority: i32,
+    pub enabled: bool,
+    /// `disabled`, `error`, `held`, `exhausted`, `near-limit` or `ready`.
+    pub status: String,
+    /// `…abcd` for an API key, `oauth` for OAuth.
+    pub secret_hint: String,
+    pub created_at: u64,
+    pub last_used_at: Option<u64>,
+    pub error: Option<String>,
+    pub held_until: Option<u64>,
+    pub needs_sign_in: bool,
+    pub token_expires_at: Option<u64>,
+    pub windows: Vec<WindowView>,
+    /// When a blocked account serves again, when known.
+    pub blocking_reset: Option<u64>,
+}
+
+/// One observed quota window of an account.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowView {
+    pub name: String,
+    pub family: Option<String>,
+    /// 0..=1.
+    pub utilization: Option<f64>,
+    pub resets_at: Option<u64>,
+    pub status: Option<String>,
+    pub blocking: bool,
+    pub observed_at: u64,
+}
+
+// Routes (`/_pooler/routes…`).
+
+/// A route as the admin API shows it, once, to whoever opened it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteView {
+    pub thread: String,
+    pub provider: ProviderName,
+    pub base_url: String,
+    /// The route's secret token.
+    pub token: String,
+    /// Environment variables the agent needs, in order.
+    pub env: Vec<EnvVar>,
+    /// Extra command-line arguments the agent needs (Codex CLI's `-c …` flags).
+    pub args: Vec<String>,
+    /// The same configuration as `config.toml` lines (Codex CLI).
+    pub config_lines: Vec<String>,
+    pub opened_at: u64,
+}
+
+/// One environment variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    pub name: String,
+    pub value: String,
+}
+
+// Sessions (`/_pooler/sessions…`).
+
+/// Where a session is pinned and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub provider: ProviderName,
+    /// The session key as the pool stores it.
+    pub key: String,
+    /// The pinned account, when a fresh pin exists.
+    pub account: Option<String>,
+    /// The thread whose route made the pin, when known.
+    pub thread: Option<String>,
+    pub last_used_at: Option<u64>,
+    pub expires_at: Option<u64>,
+    pub why: String,
+    /// The latest attempts, newest last.
+    pub recent: Vec<AttemptView>,
+}
+
+/// One upstream attempt of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub at: u64,
+    pub account: String,
+    /// The upstream status; null for a transport failure.
+    pub status: Option<u16>,
+    pub outcome: String,
+}
+
+// Settings (`/_pooler/settings…`).
+
+/// One setting as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingView {
+    /// With its role prefix (`pool.switch-threshold`).
+    pub key: String,
+    pub value: String,
+    pub default: String,
+    pub description: String,
+}
+
+// Provider Retry's diagnostics (`/_pooler/retry…`).
+
+/// An open candidate: a chain with a live retry row or a watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidateView {
+    pub thread: String,
+    /// The chain's original request.
+    pub original_request: String,
+    /// The chain's latest failed request.
+    pub failed_request: String,
+    /// `scheduled` (a live row) or `watching` (declined for now, revisited on every
+    /// re-evaluation).
+    pub state: String,
+    /// The live row, when scheduled.
+    pub row: Option<u64>,
+    /// When the row is due, when scheduled.
+    pub send_at: Option<u64>,
+    /// The attempt the next dispatch will carry.
+    pub next_attempt: u32,
+    /// Why it is in this state.
+    pub reason: String,
+    /// When the chain first failed (T0).
+    pub chain_started_at: u64,
+}
+
+/// What set off an entry of the history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum TriggerView {
+    /// A `turn-failed` event.
+    Failure,
+    /// An `availability-changed` signal; `causes` lists what changed.
+    Signal { causes: String },
+    /// `on-start`.
+    Start,
+    /// `on-tick`.
+    Tick,
+    /// `before-dispatch` of the due row.
+    Due,
+    /// A person (cancel, send-now).
+    Person,
+    /// The turn was dispatched by the core (seen on the next event).
+    Dispatch,
+}
+
+/// What was done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum ActionView {
+    /// A row was created for this send time.
+    Scheduled { at: u64 },
+    /// The row moved from one send time to another.
+    Rescheduled { from: u64, to: u64 },
+    /// Declined for now, kept open.
+    Watching,
+    /// Declined for good.
+    Declined,
+    /// The row was removed without dispatch.
+    Dropped,
+    /// The row was (or will be) dispatched as this attempt.
+    Dispatched { attempt: u32 },
+    /// The candidate was closed (succeeded, stale, expired, cancelled).
+    Resolved,
+    /// Nothing changed (the decision stands).
+    Unchanged,
+}
+
+/// The pool's availability as the plugin saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AvailabilityView {
+    /// The pool does not route the thread.
+    NotRouted,
+    /// The pool would serve now.
+    Ready,
+    /// Nothing serves before `retry_at`; `cause` is the WIT `block-cause` name.
+    Blocked { retry_at: u64, cause: String },
+    /// Nothing serves and the pool cannot say when; `reason` is the WIT
+    /// `unavailable-reason` name.
+    Unavailable { reason: String },
+}
+
+/// One entry of a chain's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryView {
+    pub at: u64,
+    pub trigger: TriggerView,
+    /// The availability the plugin saw, when it asked.
+    pub availability: Option<AvailabilityView>,
+    pub action: ActionView,
+    /// The reason, in the plugin's stable words (`rate-limited`, `stale: newer request`, …).
+    pub reason: String,
+}
+
+/// The history of one chain, oldest entry first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainView {
+    pub thread: String,
+    pub original_request: String,
+    pub entries: Vec<EntryView>,
+}
