@@ -17,7 +17,7 @@ use crate::policy::{
     self, Decision, PoolAnswer, Random, ScheduleReason, WatchReason, backoff_send_at,
     beyond_maximum_wait, reset_send_at,
 };
-use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, RowMove, Threads};
+use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Log, RowMove, Threads};
 use crate::settings::Settings;
 use crate::store::{self, Chain, ChainState};
 use crate::types::{
@@ -102,7 +102,7 @@ pub struct Engine<'a, D: Db> {
     pub pool: &'a dyn AvailabilitySource,
     pub clock: &'a dyn Clock,
     pub random: &'a dyn Random,
-    pub log: &'a dyn Logger,
+    pub log: &'a dyn Log,
     /// The chunk of a pass in progress (empty otherwise).
     chunk: RefCell<Chunk>,
 }
@@ -157,7 +157,7 @@ impl<'a, D: Db> Engine<'a, D> {
         pool: &'a dyn AvailabilitySource,
         clock: &'a dyn Clock,
         random: &'a dyn Random,
-        log: &'a dyn Logger,
+        log: &'a dyn Log,
     ) -> Self {
         Engine {
             db,
