@@ -9,8 +9,13 @@ mod bindings {
     wit_bindgen::generate!({
         world: "account-pool-core",
         path: "../../wit",
-        // wstd's pollable, so its reactor can wait on `incoming-client.subscribe-gone`.
-        with: { "wasi:io/poll@0.2.12": wasip2::io::poll },
+        with: {
+            // wstd's pollable, so its reactor can wait on `incoming-client.subscribe-gone`.
+            "wasi:io/poll@0.2.12": wasip2::io::poll,
+            // The shared imports are the kit's, so its adapters take and give these types.
+            "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
+            "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
+        },
         generate_all,
     });
 }
@@ -24,10 +29,9 @@ use crate::http::{Headers, PoolError};
 use crate::model::{self, Provider};
 use crate::stream::BodyStream;
 use bindings::exports::pooler::plugins::{accounts, availability, maintenance, routing, settings};
-use bindings::pooler::plugins::{
-    availability_listener, incoming_client, log as wit_log, sqlite, types,
-};
-use pooler_plugin_kit::{Db, DbError, Rows, Value};
+use bindings::pooler::plugins::{availability_listener, incoming_client, types};
+use pooler_plugin_kit::component::{WitDb, WitLog};
+use pooler_plugin_kit::log as kit_log;
 use wstd::http::body::util::BodyExt as _;
 use wstd::http::{Body, Client, Request, Response};
 
@@ -35,73 +39,6 @@ use wstd::http::{Body, Client, Request, Response};
 const DATABASE: &str = "pool";
 
 // ---- host capabilities ------------------------------------------------------------------
-
-/// A [`Db`] over the WIT `sqlite.connection`.
-struct WitDb(sqlite::Connection);
-
-fn db_error(e: sqlite::Error) -> DbError {
-    match e {
-        sqlite::Error::InvalidName(n) => DbError::InvalidName(n),
-        sqlite::Error::TooManyConnections => DbError::TooManyConnections,
-        sqlite::Error::Busy => DbError::Busy,
-        sqlite::Error::Constraint(m) => DbError::Constraint(m),
-        sqlite::Error::InvalidStatement(m) => DbError::InvalidStatement(m),
-        sqlite::Error::Io(m) => DbError::Io(m),
-    }
-}
-
-fn to_wit(v: &Value) -> sqlite::Value {
-    match v {
-        Value::Null => sqlite::Value::Null,
-        Value::Integer(i) => sqlite::Value::Integer(*i),
-        Value::Real(f) => sqlite::Value::Real(*f),
-        Value::Text(s) => sqlite::Value::Text(s.clone()),
-        Value::Blob(b) => sqlite::Value::Blob(b.clone()),
-    }
-}
-
-fn from_wit(v: sqlite::Value) -> Value {
-    match v {
-        sqlite::Value::Null => Value::Null,
-        sqlite::Value::Integer(i) => Value::Integer(i),
-        sqlite::Value::Real(f) => Value::Real(f),
-        sqlite::Value::Text(s) => Value::Text(s),
-        sqlite::Value::Blob(b) => Value::Blob(b),
-    }
-}
-
-impl WitDb {
-    fn open() -> Result<Self, DbError> {
-        sqlite::Connection::open(DATABASE)
-            .map(WitDb)
-            .map_err(db_error)
-    }
-}
-
-impl Db for WitDb {
-    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        let params: Vec<sqlite::Value> = params.iter().map(to_wit).collect();
-        self.0.execute(sql, &params).map_err(db_error)
-    }
-    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
-        self.0.execute_batch(sql).map_err(db_error)
-    }
-    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
-        let params: Vec<sqlite::Value> = params.iter().map(to_wit).collect();
-        let rows = self.0.query(sql, &params).map_err(db_error)?;
-        Ok(Rows {
-            columns: rows.columns,
-            rows: rows
-                .rows
-                .into_iter()
-                .map(|r| r.into_iter().map(from_wit).collect())
-                .collect(),
-        })
-    }
-    fn last_insert_rowid(&self) -> i64 {
-        self.0.last_insert_rowid()
-    }
-}
 
 /// The host clock, sleeping, random bytes, logging, and whether the request's client left.
 struct WasiEnv;
@@ -140,18 +77,16 @@ impl Random for WasiEnv {
     }
 }
 
+/// The engine's log port over the kit's WIT log adapter. (The engine still has its own
+/// `Level` and `Log`, of the kit's shape; this maps one onto the other.)
 impl Log for WasiEnv {
     fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
         let level = match level {
-            Level::Debug => wit_log::Level::Debug,
-            Level::Info => wit_log::Level::Info,
-            Level::Warn => wit_log::Level::Warn,
+            Level::Debug => kit_log::Level::Debug,
+            Level::Info => kit_log::Level::Info,
+            Level::Warn => kit_log::Level::Warn,
         };
-        let fields: Vec<(String, String)> = fields
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
-            .collect();
-        wit_log::log(level, message, &fields);
+        kit_log::Log::log(&WitLog, level, message, fields);
     }
 }
 
@@ -247,7 +182,7 @@ const DEFAULT_BODY_LIMIT: u64 = 32 << 20;
 
 #[wstd::http_server]
 async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
-    let Ok(db) = WitDb::open() else {
+    let Ok(db) = WitDb::open(DATABASE) else {
         return Ok(pool_response(&PoolError::pool(
             503,
             "Account Pooler storage is unavailable; try again.",
@@ -514,7 +449,7 @@ fn with_admin<T, E>(
     storage: impl Fn(String) -> E,
     f: impl FnOnce(&Admin<'_, WitDb, WasiUpstream, WasiEnv>) -> Result<T, E>,
 ) -> Result<T, E> {
-    let db = WitDb::open().map_err(|e| storage(e.to_string()))?;
+    let db = WitDb::open(DATABASE).map_err(|e| storage(e.to_string()))?;
     let admin = Admin::new(&db, &WasiUpstream, &WasiEnv).map_err(|e| storage(e.to_string()))?;
     let result = f(&admin);
     deliver(&admin);
@@ -576,7 +511,7 @@ impl availability::Guest for Component {
                 )
             })
             .collect();
-        let answers = WitDb::open()
+        let answers = WitDb::open(DATABASE)
             .and_then(|db| Admin::new(&db, &WasiUpstream, &WasiEnv)?.availability_many(&asked));
         match answers {
             Ok(answers) => answers.into_iter().map(availability_out).collect(),
