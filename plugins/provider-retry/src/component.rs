@@ -19,8 +19,11 @@ mod bindings {
     });
 }
 
+// The `retry-admin` export and its conversions.
+mod retry_admin;
+
 use bindings::exports::pooler::plugins::{
-    availability_listener, retry_admin as admin, scheduler, settings as wit_settings, turn_events,
+    availability_listener, scheduler, settings as wit_settings, turn_events,
 };
 use bindings::pooler::plugins::{availability, threads, types as wit};
 use bindings::wasi::clocks::{monotonic_clock, wall_clock};
@@ -388,59 +391,6 @@ fn to_wit_plugin_error(e: PluginError) -> wit::PluginError {
     }
 }
 
-fn to_wit_admin_error(e: AdminError) -> admin::AdminError {
-    match e {
-        AdminError::UnknownThread(t) => admin::AdminError::UnknownThread(t),
-        AdminError::NothingPending(t) => admin::AdminError::NothingPending(t),
-        AdminError::Dependency(m) => admin::AdminError::Dependency(m),
-        AdminError::Storage(m) => admin::AdminError::Storage(m),
-    }
-}
-
-fn to_wit_candidate(c: Candidate) -> admin::Candidate {
-    admin::Candidate {
-        thread: c.thread,
-        original_request: c.original_request,
-        failed_request: c.failed_request,
-        state: match c.state {
-            CandidateState::Scheduled => admin::CandidateState::Scheduled,
-            CandidateState::Watching => admin::CandidateState::Watching,
-        },
-        row: c.row,
-        send_at: c.send_at,
-        next_attempt: c.next_attempt,
-        reason: c.reason,
-        chain_started_at: c.chain_started_at,
-    }
-}
-
-fn to_wit_entry(e: HistoryEntry) -> admin::HistoryEntry {
-    admin::HistoryEntry {
-        at: e.at,
-        trigger: match e.trigger {
-            Trigger::Failure => admin::Trigger::Failure,
-            Trigger::Signal(causes) => admin::Trigger::Signal(causes),
-            Trigger::Start => admin::Trigger::Start,
-            Trigger::Tick => admin::Trigger::Tick,
-            Trigger::Due => admin::Trigger::Due,
-            Trigger::Person => admin::Trigger::Person,
-            Trigger::Dispatch => admin::Trigger::Dispatch,
-        },
-        availability: e.availability.map(to_wit_availability),
-        action: match e.action {
-            Action::Scheduled(t) => admin::Action::Scheduled(t),
-            Action::Rescheduled(old, new) => admin::Action::Rescheduled((old, new)),
-            Action::Watching => admin::Action::Watching,
-            Action::Declined => admin::Action::Declined,
-            Action::Dropped => admin::Action::Dropped,
-            Action::Dispatched(n) => admin::Action::Dispatched(n),
-            Action::Resolved => admin::Action::Resolved,
-            Action::Unchanged => admin::Action::Unchanged,
-        },
-        reason: e.reason,
-    }
-}
-
 fn to_wit_setting(s: SettingView) -> wit_settings::Setting {
     wit_settings::Setting {
         key: s.key,
@@ -536,43 +486,6 @@ impl scheduler::Guest for Component {
                 DispatchVerdict::Drop(why) => scheduler::DispatchVerdict::Drop(why),
             })
             .map_err(to_wit_plugin_error)
-    }
-}
-
-impl admin::Guest for Component {
-    fn status(thread: Option<String>) -> Result<Vec<admin::Candidate>, admin::AdminError> {
-        with_engine(|engine| engine.status(thread.as_deref()))
-            .map(|list| list.into_iter().map(to_wit_candidate).collect())
-            .map_err(to_wit_admin_error)
-    }
-
-    fn explain(thread: String) -> Result<Vec<admin::ChainHistory>, admin::AdminError> {
-        with_engine(|engine| engine.explain(&thread))
-            .map(|chains| {
-                chains
-                    .into_iter()
-                    .map(|c| admin::ChainHistory {
-                        thread: c.thread,
-                        original_request: c.original_request,
-                        entries: c.entries.into_iter().map(to_wit_entry).collect(),
-                    })
-                    .collect()
-            })
-            .map_err(to_wit_admin_error)
-    }
-
-    fn cancel(thread: String, now: wit::Timestamp) -> Result<admin::Candidate, admin::AdminError> {
-        with_engine(|engine| engine.cancel(&thread, now))
-            .map(to_wit_candidate)
-            .map_err(to_wit_admin_error)
-    }
-
-    fn sent_by_person(
-        thread: String,
-        row: wit::RowId,
-        now: wit::Timestamp,
-    ) -> Result<(), admin::AdminError> {
-        with_engine(|engine| engine.sent_by_person(&thread, row, now)).map_err(to_wit_admin_error)
     }
 }
 
