@@ -6,8 +6,8 @@
 //! It logs through [`Log`] ([`log`]).
 //!
 //! With feature `component` (wasm32 builds of a plugin) the kit also holds the guest
-//! adapters every plugin needs over the shared imports: [`component::WitDb`],
-//! [`component::WitLog`], and the conversions between the WIT and the kit types, with the
+//! adapters every plugin needs over the shared imports: `component::WitDb`,
+//! `component::WitLog`, and the conversions between the WIT and the kit types, with the
 //! bindings of those interfaces for the plugin's own `generate!` to reuse.
 
 pub mod db;

@@ -1,6 +1,6 @@
 //! The log port every plugin's logic writes through: one [`Level`] and one [`Log`] trait,
 //! plain Rust. The component implements it over the WIT `log` import
-//! ([`crate::component::WitLog`], feature `component`); native tests implement it with a
+//! (`component::WitLog`, feature `component`); native tests implement it with a
 //! capture.
 
 /// Log severity (the WIT `log.level`s a plugin uses).
