@@ -9,99 +9,35 @@ mod bindings {
     wit_bindgen::generate!({
         world: "account-pool-core",
         path: "../../wit",
-        // wstd's pollable, so its reactor can wait on `incoming-client.subscribe-gone`.
-        with: { "wasi:io/poll@0.2.12": wasip2::io::poll },
+        with: {
+            // wstd's pollable, so its reactor can wait on `incoming-client.subscribe-gone`.
+            "wasi:io/poll@0.2.12": wasip2::io::poll,
+            // The shared imports are the kit's, so its adapters take and give these types.
+            "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
+            "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
+        },
         generate_all,
     });
 }
 
-use crate::admin::{self, Admin, NewAccount};
-use crate::engine::{
-    self, Cancel, Clock, Engine, IncomingRequest, Level, Log, Random, TransportError, Upstream,
-    UpstreamRequest, UpstreamResponse,
-};
-use crate::http::{Headers, PoolError};
+// The `accounts` export and its conversions.
+mod accounts;
+// wasi:http: the incoming handler (the proxy) and the upstream client.
+mod wasi_http;
+
+use crate::admin::{self, Admin};
+use crate::engine::{Cancel, Clock, Level, Log, Random};
 use crate::model::{self, Provider};
-use crate::stream::BodyStream;
-use bindings::exports::pooler::plugins::{accounts, availability, maintenance, routing, settings};
-use bindings::pooler::plugins::{
-    availability_listener, incoming_client, log as wit_log, sqlite, types,
-};
-use pooler_plugin_kit::{Db, DbError, Rows, Value};
-use wstd::http::body::util::BodyExt as _;
-use wstd::http::{Body, Client, Request, Response};
+use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings};
+use bindings::pooler::plugins::{availability_listener, incoming_client, types};
+use pooler_plugin_kit::component::{WitDb, WitLog};
+use pooler_plugin_kit::log as kit_log;
+use wasi_http::WasiUpstream;
 
 /// The pool's database file name (`pool.sqlite3` in the plugin's directory).
 const DATABASE: &str = "pool";
 
 // ---- host capabilities ------------------------------------------------------------------
-
-/// A [`Db`] over the WIT `sqlite.connection`.
-struct WitDb(sqlite::Connection);
-
-fn db_error(e: sqlite::Error) -> DbError {
-    match e {
-        sqlite::Error::InvalidName(n) => DbError::InvalidName(n),
-        sqlite::Error::TooManyConnections => DbError::TooManyConnections,
-        sqlite::Error::Busy => DbError::Busy,
-        sqlite::Error::Constraint(m) => DbError::Constraint(m),
-        sqlite::Error::InvalidStatement(m) => DbError::InvalidStatement(m),
-        sqlite::Error::Io(m) => DbError::Io(m),
-    }
-}
-
-fn to_wit(v: &Value) -> sqlite::Value {
-    match v {
-        Value::Null => sqlite::Value::Null,
-        Value::Integer(i) => sqlite::Value::Integer(*i),
-        Value::Real(f) => sqlite::Value::Real(*f),
-        Value::Text(s) => sqlite::Value::Text(s.clone()),
-        Value::Blob(b) => sqlite::Value::Blob(b.clone()),
-    }
-}
-
-fn from_wit(v: sqlite::Value) -> Value {
-    match v {
-        sqlite::Value::Null => Value::Null,
-        sqlite::Value::Integer(i) => Value::Integer(i),
-        sqlite::Value::Real(f) => Value::Real(f),
-        sqlite::Value::Text(s) => Value::Text(s),
-        sqlite::Value::Blob(b) => Value::Blob(b),
-    }
-}
-
-impl WitDb {
-    fn open() -> Result<Self, DbError> {
-        sqlite::Connection::open(DATABASE)
-            .map(WitDb)
-            .map_err(db_error)
-    }
-}
-
-impl Db for WitDb {
-    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        let params: Vec<sqlite::Value> = params.iter().map(to_wit).collect();
-        self.0.execute(sql, &params).map_err(db_error)
-    }
-    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
-        self.0.execute_batch(sql).map_err(db_error)
-    }
-    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
-        let params: Vec<sqlite::Value> = params.iter().map(to_wit).collect();
-        let rows = self.0.query(sql, &params).map_err(db_error)?;
-        Ok(Rows {
-            columns: rows.columns,
-            rows: rows
-                .rows
-                .into_iter()
-                .map(|r| r.into_iter().map(from_wit).collect())
-                .collect(),
-        })
-    }
-    fn last_insert_rowid(&self) -> i64 {
-        self.0.last_insert_rowid()
-    }
-}
 
 /// The host clock, sleeping, random bytes, logging, and whether the request's client left.
 struct WasiEnv;
@@ -140,218 +76,17 @@ impl Random for WasiEnv {
     }
 }
 
+/// The engine's log port over the kit's WIT log adapter. (The engine still has its own
+/// `Level` and `Log`, of the kit's shape; this maps one onto the other.)
 impl Log for WasiEnv {
     fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
         let level = match level {
-            Level::Debug => wit_log::Level::Debug,
-            Level::Info => wit_log::Level::Info,
-            Level::Warn => wit_log::Level::Warn,
+            Level::Debug => kit_log::Level::Debug,
+            Level::Info => kit_log::Level::Info,
+            Level::Warn => kit_log::Level::Warn,
         };
-        let fields: Vec<(String, String)> = fields
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
-            .collect();
-        wit_log::log(level, message, &fields);
+        kit_log::Log::log(&WitLog, level, message, fields);
     }
-}
-
-/// A response body read frame by frame from wasi:http.
-struct WasiBody(
-    wstd::http::body::util::combinators::UnsyncBoxBody<wstd::http::body::Bytes, wstd::http::Error>,
-);
-
-impl BodyStream for WasiBody {
-    async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>> {
-        loop {
-            match self.0.frame().await? {
-                Err(e) => return Some(Err(e.to_string())),
-                Ok(frame) => {
-                    if let Ok(data) = frame.into_data() {
-                        return Some(Ok(data.to_vec()));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Upstream calls over wasi:http (the host applies its allow-list).
-struct WasiUpstream;
-
-impl Upstream for WasiUpstream {
-    type Body = WasiBody;
-    async fn send(
-        &self,
-        request: UpstreamRequest,
-    ) -> Result<UpstreamResponse<WasiBody>, TransportError> {
-        let mut builder = Request::builder()
-            .method(request.method.as_str())
-            .uri(request.url.as_str());
-        for (n, v) in request.headers.iter() {
-            builder = builder.header(n, v);
-        }
-        let req = builder
-            .body(Body::from(request.body))
-            .map_err(|e| TransportError(format!("invalid request: {e}")))?;
-        let mut client = Client::new();
-        client.set_connect_timeout(std::time::Duration::from_secs(15));
-        if let Some(ms) = request.deadlines.first_byte_ms {
-            client.set_first_byte_timeout(std::time::Duration::from_millis(ms));
-        }
-        if let Some(ms) = request.deadlines.between_bytes_ms {
-            client.set_between_bytes_timeout(std::time::Duration::from_millis(ms));
-        }
-        let response = client
-            .send(req)
-            .await
-            .map_err(|e| TransportError(e.to_string()))?;
-        let status = response.status().as_u16();
-        let mut headers = Headers::new();
-        for (n, v) in response.headers() {
-            if let Ok(v) = v.to_str() {
-                headers.push(n.as_str(), v);
-            }
-        }
-        Ok(UpstreamResponse {
-            status,
-            headers,
-            body: WasiBody(response.into_body().into_boxed_body()),
-        })
-    }
-}
-
-// ---- the HTTP handler -------------------------------------------------------------------
-
-#[derive(Debug)]
-struct StreamBroke(String);
-
-impl std::fmt::Display for StreamBroke {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StreamBroke {}
-
-fn pool_response(e: &PoolError) -> Response<Body> {
-    let mut b = Response::builder().status(e.status);
-    for (n, v) in e.headers().iter() {
-        b = b.header(n, v);
-    }
-    b.body(Body::from(e.body(Provider::Claude)))
-        .unwrap_or_else(|_| Response::new(Body::empty()))
-}
-
-/// The default `max-request-body`: how much of a body is read when storage could not say.
-const DEFAULT_BODY_LIMIT: u64 = 32 << 20;
-
-#[wstd::http_server]
-async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
-    let Ok(db) = WitDb::open() else {
-        return Ok(pool_response(&PoolError::pool(
-            503,
-            "Account Pooler storage is unavailable; try again.",
-        )));
-    };
-    let (parts, body) = request.into_parts();
-    let mut headers = Headers::new();
-    for (n, v) in parts.headers.iter() {
-        if let Ok(v) = v.to_str() {
-            headers.push(n.as_str(), v);
-        }
-    }
-    let mut body = body.into_boxed_body();
-    let mut engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
-    // The head first: a request the pool refuses anyway (a wrong token, say) has its body
-    // read and dropped, never kept, so it cannot make the pool hold `max-request-body`.
-    let limit = match engine.screen(parts.method.as_str(), parts.uri.path(), &headers) {
-        engine::Screen::Refused(response) => {
-            // Read to its end (within the limit) all the same: a server that answers and
-            // closes with a body still arriving makes the client's kernel see a reset, and
-            // the client may lose the answer.
-            let mut left = DEFAULT_BODY_LIMIT;
-            while let Some(Ok(frame)) = body.frame().await {
-                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                let Some(rest) = left.checked_sub(n) else {
-                    break;
-                };
-                left = rest;
-            }
-            return Ok(to_wstd(response));
-        }
-        engine::Screen::Admitted(admitted) => {
-            let limit = admitted.max_body();
-            engine = engine.with_admitted(admitted);
-            limit
-        }
-        engine::Screen::Unknown => DEFAULT_BODY_LIMIT,
-    };
-    // Sized by the declared length up front (up to 8 MiB, so a false length cannot make
-    // every request reserve the whole limit), and filled straight from each frame: growing
-    // a Vec by doubling, and copying each frame first, tripled the bytes a large agent
-    // request cost the guest and grew its memory several times.
-    let declared = parts
-        .headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .unwrap_or(0)
-        .min(limit)
-        .min(8 << 20);
-    let mut bytes = Vec::with_capacity(usize::try_from(declared).unwrap_or(0));
-    let mut truncated = false;
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    // Checked before the copy: a body past the limit is never held.
-                    if (bytes.len() + data.len()) as u64 > limit {
-                        truncated = true;
-                        break;
-                    }
-                    bytes.extend_from_slice(data);
-                }
-            }
-            Err(_) => {
-                return Ok(pool_response(&PoolError::pool(
-                    400,
-                    "The request body could not be read.",
-                )));
-            }
-        }
-    }
-    let incoming = IncomingRequest {
-        method: parts.method.as_str().to_owned(),
-        path: parts.uri.path().to_owned(),
-        query: parts.uri.query().map(str::to_owned),
-        headers,
-        body: bytes.into(),
-        body_truncated: truncated,
-    };
-    Ok(to_wstd(engine.handle(incoming).await))
-}
-
-/// The engine's response as wstd's: a body the pool made, or the upstream's relayed.
-fn to_wstd(response: engine::Response<WasiBody>) -> Response<Body> {
-    let mut b = Response::builder().status(response.status);
-    for (n, v) in response.headers.iter() {
-        b = b.header(n, v);
-    }
-    let body = match response.body {
-        engine::Body::Full(bytes) => Body::from(bytes),
-        engine::Body::Stream(relay) => {
-            Body::from_try_stream(futures_lite::stream::unfold(relay, |mut r| async move {
-                engine::relay_next(&mut r, &WasiEnv)
-                    .await
-                    .map(|chunk| (chunk.map_err(StreamBroke), r))
-            }))
-        }
-    };
-    b.body(body).unwrap_or_else(|_| {
-        pool_response(&PoolError::pool(
-            502,
-            "Account Pooler could not relay the upstream response.",
-        ))
-    })
 }
 
 // ---- type adapters ----------------------------------------------------------------------
@@ -413,64 +148,6 @@ fn cause_out(c: model::ChangeCause) -> types::ChangeCause {
     }
 }
 
-fn account_out(a: admin::AccountInfo) -> accounts::AccountInfo {
-    accounts::AccountInfo {
-        id: a.id,
-        provider: provider_out(a.provider),
-        kind: match a.kind {
-            model::CredentialKind::ApiKey => accounts::CredentialKind::ApiKey,
-            model::CredentialKind::OAuth => accounts::CredentialKind::Oauth,
-        },
-        label: a.label,
-        priority: a.priority,
-        enabled: a.enabled,
-        status: match a.status {
-            model::AccountStatus::Disabled => accounts::AccountStatus::Disabled,
-            model::AccountStatus::Error => accounts::AccountStatus::Error,
-            model::AccountStatus::Held => accounts::AccountStatus::Held,
-            model::AccountStatus::Exhausted => accounts::AccountStatus::Exhausted,
-            model::AccountStatus::NearLimit => accounts::AccountStatus::NearLimit,
-            model::AccountStatus::Ready => accounts::AccountStatus::Ready,
-        },
-        secret_hint: a.secret_hint,
-        created_at: a.created_at,
-        last_used_at: a.last_used_at,
-        error: a.error,
-        held_until: a.held_until,
-        needs_sign_in: a.needs_sign_in,
-        token_expires_at: a.token_expires_at,
-        windows: a
-            .windows
-            .into_iter()
-            .map(|w| accounts::UsageWindow {
-                name: w.name,
-                family: w.family.map(|f| f.as_str().to_owned()),
-                utilization: w.utilization,
-                resets_at: w.resets_at,
-                status: w.status,
-                blocking: w.blocking,
-                observed_at: w.observed_at,
-            })
-            .collect(),
-        blocking_reset: a.blocking_reset,
-    }
-}
-
-fn accounts_error(e: admin::AccountsError) -> accounts::AccountsError {
-    use admin::AccountsError as A;
-    match e {
-        A::NoSuchAccount(id) => accounts::AccountsError::NoSuchAccount(id),
-        A::ApiKeyNotSupported(p) => accounts::AccountsError::ApiKeyNotSupported(provider_out(p)),
-        A::InvalidCredential(m) => accounts::AccountsError::InvalidCredential(m),
-        A::InvalidLoginFile(m) => accounts::AccountsError::InvalidLoginFile(m),
-        A::InvalidLabel(m) => accounts::AccountsError::InvalidLabel(m),
-        A::InvalidOrder(m) => accounts::AccountsError::InvalidOrder(m),
-        A::RefreshRefused(m) => accounts::AccountsError::RefreshRefused(m),
-        A::UpstreamUnreachable(m) => accounts::AccountsError::UpstreamUnreachable(m),
-        A::Storage(m) => accounts::AccountsError::Storage(m),
-    }
-}
-
 fn routing_error(e: admin::RoutingError) -> routing::RoutingError {
     use admin::RoutingError as R;
     match e {
@@ -514,7 +191,7 @@ fn with_admin<T, E>(
     storage: impl Fn(String) -> E,
     f: impl FnOnce(&Admin<'_, WitDb, WasiUpstream, WasiEnv>) -> Result<T, E>,
 ) -> Result<T, E> {
-    let db = WitDb::open().map_err(|e| storage(e.to_string()))?;
+    let db = WitDb::open(DATABASE).map_err(|e| storage(e.to_string()))?;
     let admin = Admin::new(&db, &WasiUpstream, &WasiEnv).map_err(|e| storage(e.to_string()))?;
     let result = f(&admin);
     deliver(&admin);
@@ -576,7 +253,7 @@ impl availability::Guest for Component {
                 )
             })
             .collect();
-        let answers = WitDb::open()
+        let answers = WitDb::open(DATABASE)
             .and_then(|db| Admin::new(&db, &WasiUpstream, &WasiEnv)?.availability_many(&asked));
         match answers {
             Ok(answers) => answers.into_iter().map(availability_out).collect(),
@@ -660,102 +337,6 @@ impl routing::Guest for Component {
                     })
                     .collect(),
             })
-        })
-    }
-}
-
-impl accounts::Guest for Component {
-    fn add(
-        account: accounts::NewAccount,
-    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
-        let credential = match account.credential {
-            accounts::Credential::ApiKey(k) => model::Credential::ApiKey(k),
-            accounts::Credential::Oauth(o) => model::Credential::OAuth(model::OAuthTokens {
-                access_token: o.access_token,
-                refresh_token: o.refresh_token,
-                expires_at: o.expires_at,
-                chatgpt_account_id: o.chatgpt_account_id,
-            }),
-        };
-        let new = NewAccount {
-            provider: provider_in(account.provider),
-            credential,
-            label: account.label,
-            priority: account.priority,
-        };
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.add(new).map(account_out).map_err(accounts_error)
-        })
-    }
-
-    fn import_login(
-        provider: types::Provider,
-        contents: String,
-        label: Option<String>,
-        priority: Option<i32>,
-    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.import_login(provider_in(provider), &contents, label, priority)
-                .map(account_out)
-                .map_err(accounts_error)
-        })
-    }
-
-    fn remove(id: String) -> Result<(), accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.remove(&id).map_err(accounts_error)
-        })
-    }
-
-    fn enable(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.enable(&id).map(account_out).map_err(accounts_error)
-        })
-    }
-
-    fn disable(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.disable(&id).map(account_out).map_err(accounts_error)
-        })
-    }
-
-    fn set_priority(
-        id: String,
-        priority: i32,
-    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.set_priority(&id, priority)
-                .map(account_out)
-                .map_err(accounts_error)
-        })
-    }
-
-    fn reorder(
-        provider: types::Provider,
-        ids: Vec<String>,
-    ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.reorder(provider_in(provider), &ids)
-                .map(|l| l.into_iter().map(account_out).collect())
-                .map_err(accounts_error)
-        })
-    }
-
-    fn refresh(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            wstd::runtime::block_on(a.refresh(&id))
-                .map(account_out)
-                .map_err(accounts_error)
-        })
-    }
-
-    fn list_accounts(
-        provider: Option<types::Provider>,
-    ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
-        with_admin(accounts::AccountsError::Storage, |a| {
-            a.list(provider.map(provider_in))
-                .map(|l| l.into_iter().map(account_out).collect())
-                .map_err(accounts_error)
         })
     }
 }

@@ -3,10 +3,21 @@
 //! A plugin's logic never touches WIT types. It reads and writes its state through [`Db`],
 //! which the component implements over the `pooler:plugins/sqlite` import and native tests
 //! implement over rusqlite ([`NativeDb`], feature `native`), so the same SQL runs in both.
+//! It logs through [`Log`] ([`log`]).
+//!
+//! With feature `component` (wasm32 builds of a plugin) the kit also holds the guest
+//! adapters every plugin needs over the shared imports: `component::WitDb`,
+//! `component::WitLog`, and the conversions between the WIT and the kit types, with the
+//! bindings of those interfaces for the plugin's own `generate!` to reuse.
 
 pub mod db;
 pub mod format;
+pub mod log;
+
+#[cfg(feature = "component")]
+pub mod component;
 
 #[cfg(feature = "native")]
 pub use db::NativeDb;
 pub use db::{Db, DbError, Row, Rows, Value};
+pub use log::{Level, Log};

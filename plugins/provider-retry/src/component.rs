@@ -10,18 +10,27 @@ mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
         world: "pooler:plugins/provider-retry",
+        // The shared imports are the kit's, so its adapters take and give these types.
+        with: {
+            "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
+            "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
+        },
         generate_all,
     });
 }
 
+// The `retry-admin` export and its conversions.
+mod retry_admin;
+
 use bindings::exports::pooler::plugins::{
-    availability_listener, retry_admin as admin, scheduler, settings as wit_settings, turn_events,
+    availability_listener, scheduler, settings as wit_settings, turn_events,
 };
-use bindings::pooler::plugins::{availability, log as wit_log, sqlite, threads, types as wit};
+use bindings::pooler::plugins::{availability, threads, types as wit};
 use bindings::wasi::clocks::{monotonic_clock, wall_clock};
 use bindings::wasi::random::random;
 
-use pooler_plugin_kit::{Db, DbError, Rows, Value};
+use pooler_plugin_kit::DbError;
+use pooler_plugin_kit::component::{WitDb, WitLog};
 
 /// Rust's std imports some WASI interfaces itself (streams, stdio, environment, exit, the
 /// insecure seed) at the older 0.2 version it was built with. Linking `wasip2`'s
@@ -32,7 +41,7 @@ static WASI_VERSION: fn() -> (u64, u64) = wasip2::random::insecure_seed::insecur
 
 use crate::engine::Engine;
 use crate::policy::Random;
-use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, RowMove, Threads};
+use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, RowMove, Threads};
 use crate::settings::{SettingView, Settings, SettingsError};
 use crate::store;
 use crate::types::*;
@@ -46,73 +55,8 @@ bindings::export!(Component with_types_in bindings);
 
 // ----- database -----------------------------------------------------------------------------
 
-/// [`Db`] over the WIT `sqlite.connection`.
-struct WitDb(sqlite::Connection);
-
-fn db_error(e: sqlite::Error) -> DbError {
-    match e {
-        sqlite::Error::InvalidName(n) => DbError::InvalidName(n),
-        sqlite::Error::TooManyConnections => DbError::TooManyConnections,
-        sqlite::Error::Busy => DbError::Busy,
-        sqlite::Error::Constraint(m) => DbError::Constraint(m),
-        sqlite::Error::InvalidStatement(m) => DbError::InvalidStatement(m),
-        sqlite::Error::Io(m) => DbError::Io(m),
-    }
-}
-
-fn to_wit_values(params: &[Value]) -> Vec<sqlite::Value> {
-    params
-        .iter()
-        .map(|v| match v {
-            Value::Null => sqlite::Value::Null,
-            Value::Integer(i) => sqlite::Value::Integer(*i),
-            Value::Real(f) => sqlite::Value::Real(*f),
-            Value::Text(s) => sqlite::Value::Text(s.clone()),
-            Value::Blob(b) => sqlite::Value::Blob(b.clone()),
-        })
-        .collect()
-}
-
-fn from_wit_value(v: sqlite::Value) -> Value {
-    match v {
-        sqlite::Value::Null => Value::Null,
-        sqlite::Value::Integer(i) => Value::Integer(i),
-        sqlite::Value::Real(f) => Value::Real(f),
-        sqlite::Value::Text(s) => Value::Text(s),
-        sqlite::Value::Blob(b) => Value::Blob(b),
-    }
-}
-
-impl Db for WitDb {
-    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        self.0
-            .execute(sql, &to_wit_values(params))
-            .map_err(db_error)
-    }
-    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
-        self.0.execute_batch(sql).map_err(db_error)
-    }
-    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
-        let rows = self
-            .0
-            .query(sql, &to_wit_values(params))
-            .map_err(db_error)?;
-        Ok(Rows {
-            columns: rows.columns,
-            rows: rows
-                .rows
-                .into_iter()
-                .map(|r| r.into_iter().map(from_wit_value).collect())
-                .collect(),
-        })
-    }
-    fn last_insert_rowid(&self) -> i64 {
-        self.0.last_insert_rowid()
-    }
-}
-
 fn open_db() -> Result<WitDb, DbError> {
-    let db = WitDb(sqlite::Connection::open(DATABASE).map_err(db_error)?);
+    let db = WitDb::open(DATABASE)?;
     store::migrate(&db)?;
     Ok(db)
 }
@@ -136,21 +80,6 @@ impl Clock for Host {
 impl Random for Host {
     fn next_u64(&self) -> u64 {
         random::get_random_u64()
-    }
-}
-
-impl Logger for Host {
-    fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
-        let level = match level {
-            Level::Debug => wit_log::Level::Debug,
-            Level::Info => wit_log::Level::Info,
-            Level::Warn => wit_log::Level::Warn,
-        };
-        let fields: Vec<(String, String)> = fields
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
-            .collect();
-        wit_log::log(level, message, &fields);
     }
 }
 
@@ -261,7 +190,7 @@ fn with_engine<T, E: From<DbError>>(
 ) -> Result<T, E> {
     let db = open_db()?;
     let host = Host;
-    let engine = Engine::new(&db, &host, &host, &host, &host, &host);
+    let engine = Engine::new(&db, &host, &host, &host, &host, &WitLog);
     f(&engine)
 }
 
@@ -462,59 +391,6 @@ fn to_wit_plugin_error(e: PluginError) -> wit::PluginError {
     }
 }
 
-fn to_wit_admin_error(e: AdminError) -> admin::AdminError {
-    match e {
-        AdminError::UnknownThread(t) => admin::AdminError::UnknownThread(t),
-        AdminError::NothingPending(t) => admin::AdminError::NothingPending(t),
-        AdminError::Dependency(m) => admin::AdminError::Dependency(m),
-        AdminError::Storage(m) => admin::AdminError::Storage(m),
-    }
-}
-
-fn to_wit_candidate(c: Candidate) -> admin::Candidate {
-    admin::Candidate {
-        thread: c.thread,
-        original_request: c.original_request,
-        failed_request: c.failed_request,
-        state: match c.state {
-            CandidateState::Scheduled => admin::CandidateState::Scheduled,
-            CandidateState::Watching => admin::CandidateState::Watching,
-        },
-        row: c.row,
-        send_at: c.send_at,
-        next_attempt: c.next_attempt,
-        reason: c.reason,
-        chain_started_at: c.chain_started_at,
-    }
-}
-
-fn to_wit_entry(e: HistoryEntry) -> admin::HistoryEntry {
-    admin::HistoryEntry {
-        at: e.at,
-        trigger: match e.trigger {
-            Trigger::Failure => admin::Trigger::Failure,
-            Trigger::Signal(causes) => admin::Trigger::Signal(causes),
-            Trigger::Start => admin::Trigger::Start,
-            Trigger::Tick => admin::Trigger::Tick,
-            Trigger::Due => admin::Trigger::Due,
-            Trigger::Person => admin::Trigger::Person,
-            Trigger::Dispatch => admin::Trigger::Dispatch,
-        },
-        availability: e.availability.map(to_wit_availability),
-        action: match e.action {
-            Action::Scheduled(t) => admin::Action::Scheduled(t),
-            Action::Rescheduled(old, new) => admin::Action::Rescheduled((old, new)),
-            Action::Watching => admin::Action::Watching,
-            Action::Declined => admin::Action::Declined,
-            Action::Dropped => admin::Action::Dropped,
-            Action::Dispatched(n) => admin::Action::Dispatched(n),
-            Action::Resolved => admin::Action::Resolved,
-            Action::Unchanged => admin::Action::Unchanged,
-        },
-        reason: e.reason,
-    }
-}
-
 fn to_wit_setting(s: SettingView) -> wit_settings::Setting {
     wit_settings::Setting {
         key: s.key,
@@ -610,43 +486,6 @@ impl scheduler::Guest for Component {
                 DispatchVerdict::Drop(why) => scheduler::DispatchVerdict::Drop(why),
             })
             .map_err(to_wit_plugin_error)
-    }
-}
-
-impl admin::Guest for Component {
-    fn status(thread: Option<String>) -> Result<Vec<admin::Candidate>, admin::AdminError> {
-        with_engine(|engine| engine.status(thread.as_deref()))
-            .map(|list| list.into_iter().map(to_wit_candidate).collect())
-            .map_err(to_wit_admin_error)
-    }
-
-    fn explain(thread: String) -> Result<Vec<admin::ChainHistory>, admin::AdminError> {
-        with_engine(|engine| engine.explain(&thread))
-            .map(|chains| {
-                chains
-                    .into_iter()
-                    .map(|c| admin::ChainHistory {
-                        thread: c.thread,
-                        original_request: c.original_request,
-                        entries: c.entries.into_iter().map(to_wit_entry).collect(),
-                    })
-                    .collect()
-            })
-            .map_err(to_wit_admin_error)
-    }
-
-    fn cancel(thread: String, now: wit::Timestamp) -> Result<admin::Candidate, admin::AdminError> {
-        with_engine(|engine| engine.cancel(&thread, now))
-            .map(to_wit_candidate)
-            .map_err(to_wit_admin_error)
-    }
-
-    fn sent_by_person(
-        thread: String,
-        row: wit::RowId,
-        now: wit::Timestamp,
-    ) -> Result<(), admin::AdminError> {
-        with_engine(|engine| engine.sent_by_person(&thread, row, now)).map_err(to_wit_admin_error)
     }
 }
 

@@ -82,15 +82,5 @@ pub trait Clock {
     fn monotonic_ms(&self) -> u64;
 }
 
-/// Log severity (WIT `log.level`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Debug,
-    Info,
-    Warn,
-}
-
-/// Structured log lines (WIT `log`).
-pub trait Logger {
-    fn log(&self, level: Level, message: &str, fields: &[(&str, String)]);
-}
+/// Structured log lines (WIT `log`): the kit's port, shared by every plugin.
+pub use pooler_plugin_kit::log::{Level, Log};

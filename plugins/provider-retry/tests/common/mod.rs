@@ -12,7 +12,7 @@ use pooler_plugin_kit::{Db, DbError, NativeDb, Rows, Value};
 use provider_retry::Engine;
 use provider_retry::policy::Random;
 use provider_retry::ports::{
-    AvailabilityQuery, AvailabilitySource, Clock, Level, Logger, RowMove, Threads,
+    AvailabilityQuery, AvailabilitySource, Clock, Level, Log, RowMove, Threads,
 };
 use provider_retry::store;
 use provider_retry::types::{
@@ -65,7 +65,7 @@ impl Random for SeqRandom {
 #[derive(Default)]
 pub struct Lines(pub RefCell<Vec<(Level, String)>>);
 
-impl Logger for Lines {
+impl Log for Lines {
     fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
         let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
         self.0

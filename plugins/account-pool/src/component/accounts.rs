@@ -1,0 +1,162 @@
+//! The `accounts` export: adding, importing, removing, enabling, ordering, refreshing and
+//! listing accounts, each through the admin surface, and the conversions of its types.
+
+use super::bindings::exports::pooler::plugins::accounts;
+use super::bindings::pooler::plugins::types;
+use super::{Component, provider_in, provider_out, with_admin};
+use crate::admin::{self, NewAccount};
+use crate::model;
+
+fn account_out(a: admin::AccountInfo) -> accounts::AccountInfo {
+    accounts::AccountInfo {
+        id: a.id,
+        provider: provider_out(a.provider),
+        kind: match a.kind {
+            model::CredentialKind::ApiKey => accounts::CredentialKind::ApiKey,
+            model::CredentialKind::OAuth => accounts::CredentialKind::Oauth,
+        },
+        label: a.label,
+        priority: a.priority,
+        enabled: a.enabled,
+        status: match a.status {
+            model::AccountStatus::Disabled => accounts::AccountStatus::Disabled,
+            model::AccountStatus::Error => accounts::AccountStatus::Error,
+            model::AccountStatus::Held => accounts::AccountStatus::Held,
+            model::AccountStatus::Exhausted => accounts::AccountStatus::Exhausted,
+            model::AccountStatus::NearLimit => accounts::AccountStatus::NearLimit,
+            model::AccountStatus::Ready => accounts::AccountStatus::Ready,
+        },
+        secret_hint: a.secret_hint,
+        created_at: a.created_at,
+        last_used_at: a.last_used_at,
+        error: a.error,
+        held_until: a.held_until,
+        needs_sign_in: a.needs_sign_in,
+        token_expires_at: a.token_expires_at,
+        windows: a
+            .windows
+            .into_iter()
+            .map(|w| accounts::UsageWindow {
+                name: w.name,
+                family: w.family.map(|f| f.as_str().to_owned()),
+                utilization: w.utilization,
+                resets_at: w.resets_at,
+                status: w.status,
+                blocking: w.blocking,
+                observed_at: w.observed_at,
+            })
+            .collect(),
+        blocking_reset: a.blocking_reset,
+    }
+}
+
+fn accounts_error(e: admin::AccountsError) -> accounts::AccountsError {
+    use admin::AccountsError as A;
+    match e {
+        A::NoSuchAccount(id) => accounts::AccountsError::NoSuchAccount(id),
+        A::ApiKeyNotSupported(p) => accounts::AccountsError::ApiKeyNotSupported(provider_out(p)),
+        A::InvalidCredential(m) => accounts::AccountsError::InvalidCredential(m),
+        A::InvalidLoginFile(m) => accounts::AccountsError::InvalidLoginFile(m),
+        A::InvalidLabel(m) => accounts::AccountsError::InvalidLabel(m),
+        A::InvalidOrder(m) => accounts::AccountsError::InvalidOrder(m),
+        A::RefreshRefused(m) => accounts::AccountsError::RefreshRefused(m),
+        A::UpstreamUnreachable(m) => accounts::AccountsError::UpstreamUnreachable(m),
+        A::Storage(m) => accounts::AccountsError::Storage(m),
+    }
+}
+
+impl accounts::Guest for Component {
+    fn add(
+        account: accounts::NewAccount,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        let credential = match account.credential {
+            accounts::Credential::ApiKey(k) => model::Credential::ApiKey(k),
+            accounts::Credential::Oauth(o) => model::Credential::OAuth(model::OAuthTokens {
+                access_token: o.access_token,
+                refresh_token: o.refresh_token,
+                expires_at: o.expires_at,
+                chatgpt_account_id: o.chatgpt_account_id,
+            }),
+        };
+        let new = NewAccount {
+            provider: provider_in(account.provider),
+            credential,
+            label: account.label,
+            priority: account.priority,
+        };
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.add(new).map(account_out).map_err(accounts_error)
+        })
+    }
+
+    fn import_login(
+        provider: types::Provider,
+        contents: String,
+        label: Option<String>,
+        priority: Option<i32>,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.import_login(provider_in(provider), &contents, label, priority)
+                .map(account_out)
+                .map_err(accounts_error)
+        })
+    }
+
+    fn remove(id: String) -> Result<(), accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.remove(&id).map_err(accounts_error)
+        })
+    }
+
+    fn enable(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.enable(&id).map(account_out).map_err(accounts_error)
+        })
+    }
+
+    fn disable(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.disable(&id).map(account_out).map_err(accounts_error)
+        })
+    }
+
+    fn set_priority(
+        id: String,
+        priority: i32,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.set_priority(&id, priority)
+                .map(account_out)
+                .map_err(accounts_error)
+        })
+    }
+
+    fn reorder(
+        provider: types::Provider,
+        ids: Vec<String>,
+    ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.reorder(provider_in(provider), &ids)
+                .map(|l| l.into_iter().map(account_out).collect())
+                .map_err(accounts_error)
+        })
+    }
+
+    fn refresh(id: String) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            wstd::runtime::block_on(a.refresh(&id))
+                .map(account_out)
+                .map_err(accounts_error)
+        })
+    }
+
+    fn list_accounts(
+        provider: Option<types::Provider>,
+    ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.list(provider.map(provider_in))
+                .map(|l| l.into_iter().map(account_out).collect())
+                .map_err(accounts_error)
+        })
+    }
+}

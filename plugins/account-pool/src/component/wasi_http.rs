@@ -1,0 +1,213 @@
+//! wasi:http both ways: the incoming handler the pool exports (every proxied request, read
+//! and screened here, then handled by the engine) and the upstream calls it makes through
+//! the outgoing handler (the host applies its allow-list).
+
+use super::{DATABASE, WasiEnv};
+use crate::engine::{
+    self, Engine, IncomingRequest, TransportError, Upstream, UpstreamRequest, UpstreamResponse,
+};
+use crate::http::{Headers, PoolError};
+use crate::model::Provider;
+use crate::stream::BodyStream;
+use pooler_plugin_kit::component::WitDb;
+use wstd::http::body::util::BodyExt as _;
+use wstd::http::{Body, Client, Request, Response};
+
+/// A response body read frame by frame from wasi:http.
+pub(super) struct WasiBody(
+    wstd::http::body::util::combinators::UnsyncBoxBody<wstd::http::body::Bytes, wstd::http::Error>,
+);
+
+impl BodyStream for WasiBody {
+    async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>> {
+        loop {
+            match self.0.frame().await? {
+                Err(e) => return Some(Err(e.to_string())),
+                Ok(frame) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Some(Ok(data.to_vec()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Upstream calls over wasi:http (the host applies its allow-list).
+pub(super) struct WasiUpstream;
+
+impl Upstream for WasiUpstream {
+    type Body = WasiBody;
+    async fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> Result<UpstreamResponse<WasiBody>, TransportError> {
+        let mut builder = Request::builder()
+            .method(request.method.as_str())
+            .uri(request.url.as_str());
+        for (n, v) in request.headers.iter() {
+            builder = builder.header(n, v);
+        }
+        let req = builder
+            .body(Body::from(request.body))
+            .map_err(|e| TransportError(format!("invalid request: {e}")))?;
+        let mut client = Client::new();
+        client.set_connect_timeout(std::time::Duration::from_secs(15));
+        if let Some(ms) = request.deadlines.first_byte_ms {
+            client.set_first_byte_timeout(std::time::Duration::from_millis(ms));
+        }
+        if let Some(ms) = request.deadlines.between_bytes_ms {
+            client.set_between_bytes_timeout(std::time::Duration::from_millis(ms));
+        }
+        let response = client
+            .send(req)
+            .await
+            .map_err(|e| TransportError(e.to_string()))?;
+        let status = response.status().as_u16();
+        let mut headers = Headers::new();
+        for (n, v) in response.headers() {
+            if let Ok(v) = v.to_str() {
+                headers.push(n.as_str(), v);
+            }
+        }
+        Ok(UpstreamResponse {
+            status,
+            headers,
+            body: WasiBody(response.into_body().into_boxed_body()),
+        })
+    }
+}
+
+// ---- the HTTP handler -------------------------------------------------------------------
+
+#[derive(Debug)]
+struct StreamBroke(String);
+
+impl std::fmt::Display for StreamBroke {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StreamBroke {}
+
+fn pool_response(e: &PoolError) -> Response<Body> {
+    let mut b = Response::builder().status(e.status);
+    for (n, v) in e.headers().iter() {
+        b = b.header(n, v);
+    }
+    b.body(Body::from(e.body(Provider::Claude)))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+/// The default `max-request-body`: how much of a body is read when storage could not say.
+const DEFAULT_BODY_LIMIT: u64 = 32 << 20;
+
+#[wstd::http_server]
+async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
+    let Ok(db) = WitDb::open(DATABASE) else {
+        return Ok(pool_response(&PoolError::pool(
+            503,
+            "Account Pooler storage is unavailable; try again.",
+        )));
+    };
+    let (parts, body) = request.into_parts();
+    let mut headers = Headers::new();
+    for (n, v) in parts.headers.iter() {
+        if let Ok(v) = v.to_str() {
+            headers.push(n.as_str(), v);
+        }
+    }
+    let mut body = body.into_boxed_body();
+    let mut engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
+    // The head first: a request the pool refuses anyway (a wrong token, say) has its body
+    // read and dropped, never kept, so it cannot make the pool hold `max-request-body`.
+    let limit = match engine.screen(parts.method.as_str(), parts.uri.path(), &headers) {
+        engine::Screen::Refused(response) => {
+            // Read to its end (within the limit) all the same: a server that answers and
+            // closes with a body still arriving makes the client's kernel see a reset, and
+            // the client may lose the answer.
+            let mut left = DEFAULT_BODY_LIMIT;
+            while let Some(Ok(frame)) = body.frame().await {
+                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                let Some(rest) = left.checked_sub(n) else {
+                    break;
+                };
+                left = rest;
+            }
+            return Ok(to_wstd(response));
+        }
+        engine::Screen::Admitted(admitted) => {
+            let limit = admitted.max_body();
+            engine = engine.with_admitted(admitted);
+            limit
+        }
+        engine::Screen::Unknown => DEFAULT_BODY_LIMIT,
+    };
+    // Sized by the declared length up front (up to 8 MiB, so a false length cannot make
+    // every request reserve the whole limit), and filled straight from each frame: growing
+    // a Vec by doubling, and copying each frame first, tripled the bytes a large agent
+    // request cost the guest and grew its memory several times.
+    let declared = parts
+        .headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(limit)
+        .min(8 << 20);
+    let mut bytes = Vec::with_capacity(usize::try_from(declared).unwrap_or(0));
+    let mut truncated = false;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Some(data) = frame.data_ref() {
+                    // Checked before the copy: a body past the limit is never held.
+                    if (bytes.len() + data.len()) as u64 > limit {
+                        truncated = true;
+                        break;
+                    }
+                    bytes.extend_from_slice(data);
+                }
+            }
+            Err(_) => {
+                return Ok(pool_response(&PoolError::pool(
+                    400,
+                    "The request body could not be read.",
+                )));
+            }
+        }
+    }
+    let incoming = IncomingRequest {
+        method: parts.method.as_str().to_owned(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers,
+        body: bytes.into(),
+        body_truncated: truncated,
+    };
+    Ok(to_wstd(engine.handle(incoming).await))
+}
+
+/// The engine's response as wstd's: a body the pool made, or the upstream's relayed.
+fn to_wstd(response: engine::Response<WasiBody>) -> Response<Body> {
+    let mut b = Response::builder().status(response.status);
+    for (n, v) in response.headers.iter() {
+        b = b.header(n, v);
+    }
+    let body = match response.body {
+        engine::Body::Full(bytes) => Body::from(bytes),
+        engine::Body::Stream(relay) => {
+            Body::from_try_stream(futures_lite::stream::unfold(relay, |mut r| async move {
+                engine::relay_next(&mut r, &WasiEnv)
+                    .await
+                    .map(|chunk| (chunk.map_err(StreamBroke), r))
+            }))
+        }
+    };
+    b.body(body).unwrap_or_else(|_| {
+        pool_response(&PoolError::pool(
+            502,
+            "Account Pooler could not relay the upstream response.",
+        ))
+    })
+}
