@@ -31,7 +31,6 @@ use crate::model::{self, Provider};
 use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings};
 use bindings::pooler::plugins::{availability_listener, incoming_client, types};
 use pooler_plugin_kit::component::{WitDb, WitLog};
-use pooler_plugin_kit::log as kit_log;
 use wasi_http::WasiUpstream;
 
 /// The pool's database file name (`pool.sqlite3` in the plugin's directory).
@@ -76,16 +75,10 @@ impl Random for WasiEnv {
     }
 }
 
-/// The engine's log port over the kit's WIT log adapter. (The engine still has its own
-/// `Level` and `Log`, of the kit's shape; this maps one onto the other.)
+/// The engine's log port: the kit's WIT log adapter.
 impl Log for WasiEnv {
     fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
-        let level = match level {
-            Level::Debug => kit_log::Level::Debug,
-            Level::Info => kit_log::Level::Info,
-            Level::Warn => kit_log::Level::Warn,
-        };
-        kit_log::Log::log(&WitLog, level, message, fields);
+        WitLog.log(level, message, fields);
     }
 }
 

@@ -75,18 +75,8 @@ pub trait Random {
     fn fill(&self, buf: &mut [u8]);
 }
 
-/// Log severity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Debug,
-    Info,
-    Warn,
-}
-
-/// Structured logging. Callers never pass a secret.
-pub trait Log {
-    fn log(&self, level: Level, message: &str, fields: &[(&str, String)]);
-}
+/// Structured logging, the kit's port shared by every plugin. Callers never pass a secret.
+pub use pooler_plugin_kit::log::{Level, Log};
 
 /// Whether the client of the request being served has gone (its connection closed before
 /// the response ended): the host's `incoming-client` import in the component, a flag in
