@@ -20,11 +20,11 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs;
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pooler_core::sqlite_file::{self, Busy, ExistingFile, OpenError, Settings};
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{ErrorCode, OpenFlags};
@@ -59,9 +59,6 @@ const RESTART_WAIT: Duration = Duration::from_millis(100);
 /// the background checkpoints fall behind (SQLite's default, 1,000, put that on the request
 /// path; `docs/04-sqlite-settings.md`).
 const AUTOCHECKPOINT_PAGES: i64 = 16_384;
-/// Prepared statements kept per connection. A plugin issues a few dozen distinct
-/// statements; preparing one costs more than running it.
-const STATEMENT_CACHE: usize = 128;
 
 /// Open connections no instance is using, by database file, shared by every store of the
 /// host. Only the plugin whose directory holds a file ever opens it, so a connection never
@@ -524,51 +521,22 @@ fn set_mode(_path: &Path, _mode: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Create the database file 0600 before SQLite opens it (SQLite gives its -wal and -shm
-/// files the same mode as the database).
-fn private_file(path: &Path) -> std::io::Result<()> {
-    let mut options = fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    match options.open(path) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => set_mode(path, 0o600),
-        Err(e) => Err(e),
-    }
-}
-
 /// Open `name` in `dir` with the host's settings.
 pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
     check_name(name)?;
     private_dir(dir)
         .map_err(|e| Error::Io(format!("cannot create the plugin's directory: {e}")))?;
     let path = dir.join(format!("{name}.sqlite3"));
-    private_file(&path).map_err(|e| Error::Io(format!("cannot create database `{name}`: {e}")))?;
-    let mut conn = rusqlite::Connection::open_with_flags(
-        &path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(map_error)?;
-    conn.busy_handler(Some(wait_for_lock)).map_err(map_error)?;
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(map_error)?;
-    // NORMAL (in WAL) syncs at checkpoints, not per commit: a crash loses nothing, a power
-    // loss only the last commits. FULL cost an fsync per commit (docs/04-sqlite-settings.md).
-    conn.pragma_update(None, "synchronous", "NORMAL")
-        .map_err(map_error)?;
-    conn.pragma_update(None, "foreign_keys", "ON")
-        .map_err(map_error)?;
-    conn.pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)
-        .map_err(map_error)?;
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    // Keep a cached statement's plan when it is rebound: otherwise SQLite re-plans one whose
-    // plan could depend on a bound value on every reuse (docs/04-sqlite-settings.md).
-    conn.set_db_config(
-        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
-        true,
-    )
-    .map_err(map_error)?;
+    let settings = Settings {
+        flags: OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        busy: Busy::Handler(wait_for_lock),
+        existing: ExistingFile::SetMode,
+        wal_autocheckpoint: Some(AUTOCHECKPOINT_PAGES),
+    };
+    let mut conn = sqlite_file::open(&path, &settings).map_err(|e| match e {
+        OpenError::File(e) => Error::Io(format!("cannot create database `{name}`: {e}")),
+        OpenError::Sqlite(e) => map_error(e),
+    })?;
     conn.authorizer(Some(authorize)).map_err(map_error)?;
     Ok(conn)
 }
