@@ -99,8 +99,8 @@ pub(super) fn with_commits<R>(commits: Option<&Arc<Commits>>, f: impl FnOnce() -
 /// other tasks (the lock holder among them) keep running meanwhile. Only contended calls get
 /// here.
 ///
-/// The waits start at 50 µs and double up to 10 ms: plugin transactions are that short, and
-/// SQLite's own schedule oversleeps them (`docs/04-sqlite-settings.md`).
+/// The waits start at 50 µs and double up to 10 ms: plugin transactions last tens of
+/// microseconds, and SQLite's own schedule oversleeps them (`docs/04-sqlite-settings.md`).
 pub(super) fn wait_for_lock(attempt: i32) -> bool {
     let Some(delay) = lock_wait(attempt) else {
         return false;
