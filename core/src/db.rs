@@ -1,25 +1,23 @@
-//! The core's own database file, `DATA_DIR/core.sqlite3`: opening it safely (directory 0700,
-//! file 0600, WAL with `synchronous=NORMAL`, busy timeout, foreign keys; why:
-//! `docs/04-sqlite-settings.md`) and the schema migrations, which are idempotent: each runs
-//! once, recorded in `PRAGMA user_version`, inside a transaction.
+//! The core's own database file, `DATA_DIR/core.sqlite3`: opening it (directory 0700, then
+//! [`crate::sqlite_file`] with a 5 s busy timeout; why: `docs/04-sqlite-settings.md`) and
+//! the schema migrations, which are idempotent: each runs once, recorded in
+//! `PRAGMA user_version`, inside a transaction.
 
-use std::fs::{DirBuilder, OpenOptions, Permissions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs::DirBuilder;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 
 use crate::error::CoreError;
+use crate::sqlite_file::{self, Busy, ExistingFile, OpenError, Settings};
 
 /// The file name of the core's database inside the data directory.
 pub const FILE_NAME: &str = "core.sqlite3";
 
 /// How long a writer waits for another connection's write transaction before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Statements kept prepared per connection.
-const STATEMENT_CACHE: usize = 128;
 
 /// Schema versions, oldest first. Never edit a shipped entry; append a new one.
 const MIGRATIONS: &[&str] = &[
@@ -169,34 +167,19 @@ pub fn open(data_dir: &Path) -> Result<(Connection, PathBuf), CoreError> {
             .create(data_dir)?;
     }
     let path = data_dir.join(FILE_NAME);
-    // Create the file ourselves so it is never world-readable, not even for an instant: it
-    // holds route tokens.
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&path)?;
-    std::fs::set_permissions(&path, Permissions::from_mode(0o600))?;
-
-    let mut conn = Connection::open(&path)?;
-    conn.busy_timeout(BUSY_TIMEOUT)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    // Durability. In WAL mode, NORMAL syncs at checkpoints, not on every commit: a crash
-    // of the process loses nothing; a power loss (or an OS crash) can roll back the last
-    // commits, never corrupt the file. FULL cost an fsync per `threads` call's commit
-    // (docs/04-sqlite-settings.md). What must survive a power loss (a turn about to be
-    // sent to a provider) is committed with `Core::write_durable`, which syncs it.
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    conn.pragma_update(None, "foreign_keys", "ON")?;
-    // Room for every statement the core runs (about 60), so none is parsed twice.
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    // Keep a cached statement's plan when it is rebound: without this SQLite re-plans a
-    // statement whose plan could depend on a bound value on every reuse from the cache
-    // (docs/04-sqlite-settings.md).
-    conn.set_db_config(
-        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
-        true,
-    )?;
+    // Private from its creation on: it holds route tokens. What must survive a power loss (a
+    // turn about to be sent to a provider), `synchronous=NORMAL` does not sync:
+    // `Core::write_durable` does.
+    let settings = Settings {
+        flags: OpenFlags::default(),
+        busy: Busy::Timeout(BUSY_TIMEOUT),
+        existing: ExistingFile::Open,
+        wal_autocheckpoint: None,
+    };
+    let mut conn = sqlite_file::open(&path, &settings).map_err(|e| match e {
+        OpenError::File(e) => CoreError::from(e),
+        OpenError::Sqlite(e) => CoreError::from(e),
+    })?;
     migrate(&mut conn)?;
     Ok((conn, path))
 }
@@ -225,6 +208,8 @@ pub fn schema_version() -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn temp_dir() -> PathBuf {

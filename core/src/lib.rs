@@ -8,6 +8,8 @@
 //! | [`model`]    | plain-Rust mirrors of the WIT records, plus turn plans and outcomes |
 //! | [`error`]    | [`ThreadsError`] (the WIT `threads-error`) and [`CoreError`] |
 //! | [`db`]       | the database file `DATA_DIR/core.sqlite3` and its migrations |
+//! | [`sqlite_file`] | how every SQLite database is opened (the core's and the plugins') |
+//! | [`private_file`] | creating files only their owner can read (0600) |
 //! | [`threads`]  | threads, person messages, starting turns, recording outcomes, recovery |
 //! | [`queue`]    | the WIT `threads` queue operations and the due loop |
 //! | [`outbox`]   | durable, at-least-once delivery of `turn-failed` / `turn-succeeded` |
@@ -46,8 +48,10 @@ pub mod error;
 pub mod ids;
 pub mod model;
 pub mod outbox;
+pub mod private_file;
 pub mod queue;
 pub mod ratelimit;
+pub mod sqlite_file;
 pub mod sse;
 mod store;
 pub mod threads;

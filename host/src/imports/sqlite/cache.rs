@@ -1,0 +1,500 @@
+//! The connection cache: host connections kept per database file across instances, handed
+//! to guest connections one statement at a time, and the background checkpoints that keep
+//! each file's write-ahead log short off the request path.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::connection::{Connection, map_error};
+use super::lock_wait::{Commits, signal_commits, wait_for_lock};
+use super::opening::{check_name, open};
+use crate::bindings::pool::pooler::plugins::sqlite::Error;
+
+/// Idle connections kept per database file; more than this in use at once are closed when
+/// dropped. Sized for 64 concurrent requests (`docs/04-sqlite-settings.md`).
+pub const MAX_IDLE_PER_DATABASE: usize = 64;
+/// How often the host looks at plugin databases' write-ahead logs, to copy them back into
+/// the database files or start them over ([`ConnectionCache::checkpoint`]), off the
+/// request path.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// Log frames (pages) after which the background checkpoint restarts the write-ahead log
+/// (~16 MiB of 4 KiB pages): under steady load `PASSIVE` alone never lets the log start
+/// over, and it grows until commits checkpoint inline (`docs/04-sqlite-settings.md`).
+const RESTART_FRAMES: i64 = 4_096;
+/// How long a restarting checkpoint waits for the writer and the readers before it gives
+/// up until the next tick. Writers wait while it holds the write lock.
+const RESTART_WAIT: Duration = Duration::from_millis(100);
+
+/// Open connections no instance is using, by database file, shared by every store of the
+/// host. Only the plugin whose directory holds a file ever opens it, so a connection never
+/// passes between plugins.
+#[derive(Default)]
+pub struct ConnectionCache {
+    files: Mutex<HashMap<PathBuf, Arc<FileSlot>>>,
+    /// Per database path: its commits, which connections waiting for its write lock
+    /// wake on.
+    commits: Mutex<HashMap<PathBuf, Arc<Commits>>>,
+}
+
+/// One database file: where it is, which file it was when opened, and its idle connections
+/// (the most recently used last).
+pub(super) struct FileSlot {
+    dir: PathBuf,
+    name: String,
+    path: PathBuf,
+    file: FileId,
+    pub(super) commits: Arc<Commits>,
+    idle: Mutex<Vec<rusqlite::Connection>>,
+    /// The commit count at the last checkpoint tick, and when this file was last
+    /// checkpointed (see [`checkpoint_mode`]).
+    ticks: Mutex<Ticks>,
+}
+
+/// What the background checkpoint remembers of a file between ticks.
+#[derive(Default)]
+struct Ticks {
+    /// The commit count the previous tick saw.
+    seen: Option<u64>,
+    /// The commit count when the file was last checkpointed.
+    checkpointed: Option<u64>,
+}
+
+impl FileSlot {
+    /// The most recently used idle connection, or a new one.
+    pub(super) fn take(&self) -> Result<rusqlite::Connection, Error> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => self.open_new(),
+        }
+    }
+
+    /// A new connection, refused if the path names another file than this slot's now (the
+    /// database was moved or replaced since it was first opened).
+    fn open_new(&self) -> Result<rusqlite::Connection, Error> {
+        let mut conn = open(&self.dir, &self.name)?;
+        if FileId::of(&self.path) != Some(self.file) {
+            return Err(Error::Io(format!(
+                "database `{}` was moved or replaced while open",
+                self.name
+            )));
+        }
+        signal_commits(&mut conn, &self.commits).map_err(map_error)?;
+        Ok(conn)
+    }
+
+    /// Take `conn` back, unless enough are idle already (then it closes).
+    pub(super) fn put(&self, conn: rusqlite::Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_PER_DATABASE {
+            idle.push(conn);
+        }
+    }
+
+    /// The least recently used idle connection, if any (for background work, which
+    /// leaves the hot one to requests).
+    fn take_coldest(&self) -> Option<rusqlite::Connection> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        (!idle.is_empty()).then(|| idle.remove(0))
+    }
+
+    /// Take back a connection [`take_coldest`](Self::take_coldest) gave out, as the least
+    /// recently used again (or close it, like [`put`](Self::put), when enough are idle).
+    fn put_coldest(&self, conn: rusqlite::Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_PER_DATABASE {
+            idle.insert(0, conn);
+        }
+    }
+
+    fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// What identifies a file across renames: a connection keeps the file it opened, so when
+/// the path names another file (restored from a backup, moved away, replaced by something
+/// that is not a database) the idle connections are stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    #[cfg(unix)]
+    dev: u64,
+    #[cfg(unix)]
+    ino: u64,
+    #[cfg(not(unix))]
+    len: u64,
+}
+
+impl FileId {
+    fn of(path: &Path) -> Option<FileId> {
+        let meta = fs::metadata(path).ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Some(FileId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            })
+        }
+        #[cfg(not(unix))]
+        Some(FileId { len: meta.len() })
+    }
+}
+
+impl ConnectionCache {
+    pub fn new() -> Arc<Self> {
+        Arc::new(ConnectionCache::default())
+    }
+
+    /// A connection to `name` in `dir`. It runs its statements on the file's idle
+    /// connections; opening checks that the database opens (taking an idle connection, or
+    /// opening one, and putting it back).
+    pub fn open(self: &Arc<Self>, dir: &Path, name: &str) -> Result<Connection, Error> {
+        check_name(name)?;
+        let path = dir.join(format!("{name}.sqlite3"));
+        let file = FileId::of(&path);
+        let known = {
+            let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+            match files.get(&path) {
+                Some(slot) if Some(slot.file) == file => Some(slot.clone()),
+                Some(_) => {
+                    // The path names another file now (or none): forget what was kept;
+                    // its idle connections close with the last guest connection using it.
+                    files.remove(&path);
+                    None
+                }
+                None => None,
+            }
+        };
+        let slot = match known {
+            Some(slot) => {
+                let conn = slot.take()?;
+                slot.put(conn);
+                slot
+            }
+            None => {
+                // A file not seen before (or replaced): a slot of its own.
+                let conn = open(dir, name)?;
+                let file = FileId::of(&path)
+                    .ok_or_else(|| Error::Io(format!("database `{name}` is not a regular file")))?;
+                let commits = self
+                    .commits
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(path.clone())
+                    .or_default()
+                    .clone();
+                let slot = Arc::new(FileSlot {
+                    dir: dir.to_path_buf(),
+                    name: name.to_string(),
+                    path: path.clone(),
+                    file,
+                    commits,
+                    idle: Mutex::new(Vec::new()),
+                    ticks: Mutex::new(Ticks::default()),
+                });
+                let mut conn = conn;
+                signal_commits(&mut conn, &slot.commits).map_err(map_error)?;
+                slot.put(conn);
+                self.files
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(path, slot.clone());
+                slot
+            }
+        };
+        Ok(Connection::cached(slot))
+    }
+
+    /// One checkpoint tick (see [`checkpoint_mode`] for which files and how): copy what the
+    /// write-ahead logs hold back into the database files, and keep the logs short, so no
+    /// request pays for it. Uses a file's least recently used idle connection (the hot one
+    /// stays free for requests, its page cache warm); a file with none idle waits for the
+    /// next tick. Blocking; run off the runtime's workers.
+    pub fn checkpoint(&self) {
+        let slots: Vec<Arc<FileSlot>> = self
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for slot in slots {
+            let count = slot.commits.current();
+            let frames = slot.commits.frames();
+            let mode = {
+                let mut ticks = slot.ticks.lock().unwrap_or_else(|e| e.into_inner());
+                let quiet = ticks.seen.replace(count) == Some(count);
+                checkpoint_mode(frames, quiet, ticks.checkpointed != Some(count))
+            };
+            let Some(mode) = mode else {
+                continue;
+            };
+            let Some(mut conn) = slot.take_coldest() else {
+                continue;
+            };
+            let done = match mode {
+                CheckpointMode::Passive => {
+                    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0))
+                }
+                CheckpointMode::Restart => {
+                    // Copy back what it can first, without blocking anyone, so the writers
+                    // wait only for the frames committed meanwhile.
+                    let ran = conn
+                        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                        .and_then(|()| conn.busy_timeout(RESTART_WAIT))
+                        .and_then(|()| {
+                            conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+                                r.get::<_, i64>(0)
+                            })
+                        });
+                    // Writers waited on the lock it held: wake them now.
+                    slot.commits.ended();
+                    ran.and_then(|busy| {
+                        conn.busy_handler(Some(wait_for_lock))?;
+                        Ok(busy)
+                    })
+                }
+            };
+            match done {
+                // Not busy: done. Busy (a writer or reader did not finish in time): the
+                // next tick tries again.
+                Ok(0) => {
+                    slot.ticks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .checkpointed = Some(slot.commits.current());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(database = %slot.path.display(), error = %e, "checkpoint failed");
+                    // Its busy handler may be the short one: do not hand it on.
+                    continue;
+                }
+            }
+            slot.put_coldest(conn);
+        }
+    }
+
+    /// Checkpoint every [`CHECKPOINT_INTERVAL`] on the blocking pool, until `cache` is
+    /// dropped. Needs a tokio runtime.
+    pub fn spawn_checkpoints(cache: &Arc<ConnectionCache>) {
+        let weak = Arc::downgrade(cache);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(CHECKPOINT_INTERVAL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(cache) = weak.upgrade() else {
+                    return;
+                };
+                let _ = tokio::task::spawn_blocking(move || cache.checkpoint()).await;
+            }
+        });
+    }
+
+    /// How many idle connections are kept for `path`.
+    pub fn idle_count(&self, path: &Path) -> usize {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+            .map_or(0, |slot| slot.idle_count())
+    }
+}
+
+/// How a checkpoint tick treats one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CheckpointMode {
+    /// Copy back what it can without waiting for anyone.
+    Passive,
+    /// Take the write lock (waiting up to [`RESTART_WAIT`]), copy everything back, and wait
+    /// for readers to leave the log, so the next commit starts it over.
+    Restart,
+}
+
+/// What a checkpoint tick does with a file whose log holds `frames` frames: restart a log
+/// that has grown past [`RESTART_FRAMES`]; copy back, without blocking anyone, a log whose
+/// file had no commit since the previous tick (`quiet`); otherwise nothing, so a busy
+/// database is not made to sync every second. Nothing either when nothing was committed
+/// since the last checkpoint (`committed`).
+fn checkpoint_mode(frames: i64, quiet: bool, committed: bool) -> Option<CheckpointMode> {
+    if !committed || frames <= 0 {
+        None
+    } else if frames >= RESTART_FRAMES {
+        Some(CheckpointMode::Restart)
+    } else if quiet {
+        Some(CheckpointMode::Passive)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::OpenFlags;
+
+    use super::*;
+    use crate::bindings::pool::pooler::plugins::sqlite::Value;
+
+    #[test]
+    fn a_dropped_connection_is_reused_clean_and_idle_ones_are_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let path = tmp.path().join("db.sqlite3");
+        let first = cache.open(tmp.path(), "db").unwrap();
+        // A temporary table lives only as long as its connection: it marks this one.
+        first
+            .execute_batch(
+                "CREATE TABLE t (x); CREATE TEMP TABLE marker (x);
+                 BEGIN IMMEDIATE; INSERT INTO t VALUES (1);",
+            )
+            .unwrap();
+        assert!(first.holds_connection());
+        assert_eq!(cache.idle_count(&path), 0);
+        drop(first);
+        assert_eq!(cache.idle_count(&path), 1);
+        // The same host connection comes back, with the left-open transaction rolled back.
+        let again = cache.open(tmp.path(), "db").unwrap();
+        assert!(again.query("SELECT * FROM temp.marker", vec![]).is_ok());
+        assert!(!again.in_transaction());
+        let rows = again.query("SELECT count(*) FROM t", vec![]).unwrap();
+        assert!(matches!(rows.rows[0][0], Value::Integer(0)));
+        // Between statements it holds none.
+        assert!(!again.holds_connection());
+        assert_eq!(cache.idle_count(&path), 1);
+        drop(again);
+        // A burst, each inside a transaction and so holding a host connection of its own,
+        // leaves at most MAX_IDLE_PER_DATABASE open.
+        let burst: Vec<Connection> = (0..MAX_IDLE_PER_DATABASE + 3)
+            .map(|_| {
+                let c = cache.open(tmp.path(), "db").unwrap();
+                c.execute_batch("BEGIN").unwrap();
+                c.query("SELECT count(*) FROM t", vec![]).unwrap();
+                assert!(c.holds_connection());
+                c
+            })
+            .collect();
+        assert_eq!(cache.idle_count(&path), 0);
+        drop(burst);
+        assert_eq!(cache.idle_count(&path), MAX_IDLE_PER_DATABASE);
+        // Another name is another file, with connections of its own.
+        let other = cache.open(tmp.path(), "other").unwrap();
+        assert!(other.query("SELECT count(*) FROM t", vec![]).is_err());
+    }
+
+    #[test]
+    fn idle_connections_of_a_moved_or_replaced_file_are_not_reused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let path = tmp.path().join("db.sqlite3");
+        let first = cache.open(tmp.path(), "db").unwrap();
+        first.execute_batch("CREATE TABLE t (x)").unwrap();
+        drop(first);
+        assert_eq!(cache.idle_count(&path), 1);
+        // Moved away, and a directory in its place: opening fails rather than writing on
+        // through the kept connection to the moved file.
+        fs::rename(&path, tmp.path().join("aside")).unwrap();
+        fs::create_dir(&path).unwrap();
+        assert!(matches!(cache.open(tmp.path(), "db"), Err(Error::Io(_))));
+        assert_eq!(cache.idle_count(&path), 0);
+        // A fresh file in its place is a fresh database.
+        fs::remove_dir(&path).unwrap();
+        let again = cache.open(tmp.path(), "db").unwrap();
+        assert!(again.query("SELECT count(*) FROM t", vec![]).is_err());
+    }
+
+    #[test]
+    fn checkpoints_move_the_log_into_the_database_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let conn = cache.open(tmp.path(), "db").unwrap();
+        conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        drop(conn);
+        // A reader that ignores the log sees only what the database file holds.
+        let file_only = || {
+            let uri = format!(
+                "file:{}?immutable=1",
+                tmp.path().join("db.sqlite3").display()
+            );
+            let c = rusqlite::Connection::open_with_flags(
+                uri,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+            )
+            .unwrap();
+            c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
+                .ok()
+        };
+        assert_eq!(file_only(), None, "committed to the log only");
+        cache.checkpoint();
+        assert_eq!(
+            file_only(),
+            None,
+            "commits since the previous tick: left alone"
+        );
+        cache.checkpoint();
+        assert_eq!(file_only(), Some(1), "quiet for a tick: copied back");
+        // The connection went back to the cache.
+        assert_eq!(cache.idle_count(&tmp.path().join("db.sqlite3")), 1);
+    }
+
+    #[test]
+    fn a_checkpoint_tick_restarts_long_logs_and_copies_back_quiet_ones() {
+        use CheckpointMode::{Passive, Restart};
+        assert_eq!(checkpoint_mode(RESTART_FRAMES, false, true), Some(Restart));
+        assert_eq!(checkpoint_mode(RESTART_FRAMES, true, true), Some(Restart));
+        assert_eq!(
+            checkpoint_mode(RESTART_FRAMES - 1, false, true),
+            None,
+            "busy"
+        );
+        assert_eq!(
+            checkpoint_mode(RESTART_FRAMES - 1, true, true),
+            Some(Passive)
+        );
+        assert_eq!(checkpoint_mode(10, true, false), None, "checkpointed since");
+        assert_eq!(checkpoint_mode(0, true, true), None, "an empty log");
+    }
+
+    #[test]
+    fn a_long_log_starts_over_after_one_tick_of_commits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let conn = cache.open(tmp.path(), "db").unwrap();
+        let commits = conn.slot.as_ref().unwrap().commits.clone();
+        let frames = || commits.frames();
+        conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        // 64 KiB a commit: about 17 frames each.
+        let insert = || {
+            conn.execute("INSERT INTO t VALUES (zeroblob(65536))", Vec::new())
+                .unwrap();
+        };
+        cache.checkpoint();
+        while frames() < RESTART_FRAMES {
+            insert();
+        }
+        let before = frames();
+        // Commits since the previous tick, so a short log would be left alone; this one is
+        // restarted: the next commit writes at the start of the log again.
+        cache.checkpoint();
+        insert();
+        assert!(
+            frames() < 100,
+            "{} frames after the restart (the log held {before})",
+            frames()
+        );
+        assert_eq!(
+            cache.idle_count(&tmp.path().join("db.sqlite3")),
+            1,
+            "the connection went back, with its usual busy handler"
+        );
+    }
+}
