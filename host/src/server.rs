@@ -5,6 +5,7 @@
 //! API ([`crate::admin`]), authenticated by the token the server writes to
 //! `DATA_DIR/admin-token` (0600) at start.
 
+use pooler_core::private_file::{Existing, create_private_file};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -141,18 +142,8 @@ fn write_admin_token(data_dir: &Path) -> anyhow::Result<String> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     let path = data_dir.join(ADMIN_TOKEN_FILE);
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options
-        .open(&path)
+    let mut file = create_private_file(&path, Existing::Truncate)
         .with_context(|| format!("cannot write {}", path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    }
     std::io::Write::write_all(&mut file, token.as_bytes())?;
     Ok(token)
 }

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 pub const ADMIN_PREFIX: &str = "/_pooler/";
 /// The admin token's file name in the data directory.
 pub const ADMIN_TOKEN_FILE: &str = "admin-token";
-/// The header that marks a response the host (not the upstream provider) produced.
-pub const ORIGIN_HEADER: &str = "x-pooler-origin";
+/// The header that marks a response the pool or the host made itself, not the upstream
+/// provider (`x-pooler-origin: pool`): the core's, which reads it when it classifies a turn.
+pub use pooler_core::classify::POOL_ORIGIN_HEADER as ORIGIN_HEADER;
 
 /// `http://<addr>`, with the loopback address when the server listens on every address: the
 /// URL agents reach a server at (routes are opened with it, the core sends its turns to it).

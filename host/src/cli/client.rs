@@ -3,6 +3,7 @@
 //! every call is one JSON request to the admin API ([`crate::admin`]). A refused request
 //! becomes an [`ApiFailure`] whose message is the server's.
 
+use pooler_core::private_file::{Existing, create_private_file};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -87,18 +88,8 @@ impl ServerFile {
     /// Write the file, readable by the owner only.
     pub fn write(&self, data_dir: &Path) -> anyhow::Result<()> {
         let path = data_dir.join(SERVER_FILE);
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options
-            .open(&path)
+        let mut file = create_private_file(&path, Existing::Truncate)
             .with_context(|| format!("cannot write {}", path.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-        }
         let text = serde_json::to_string_pretty(self)?;
         std::io::Write::write_all(&mut file, text.as_bytes())
             .with_context(|| format!("cannot write {}", path.display()))
