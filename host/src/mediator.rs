@@ -18,7 +18,7 @@ use crate::bindings::types::{Availability, AvailabilityChange, PluginError, Unav
 use crate::imports::availability::{AvailabilityQuery, AvailabilitySource};
 use crate::imports::listener::{ChangeSink, coalesce};
 use crate::roles::Role;
-use crate::runtime::{CallError, CallFuture, Host, Shared};
+use crate::runtime::{CallError, CallFuture, Host, HostOptions, Mediation, Shared, Wiring};
 use crate::state::PluginState;
 
 /// How long an availability query may take before the host answers
@@ -221,7 +221,20 @@ impl Host {
     /// Resolves when every availability change signalled so far has been delivered (or
     /// there is no listener to deliver it to).
     pub async fn availability_changes_settled(&self) {
-        self.shared.changes.settled().await;
+        self.shared.mediation.settled().await;
+    }
+
+    /// Load every configured role and start the host's background work (the epoch ticker,
+    /// the availability-change delivery). Must be called inside a tokio runtime.
+    pub fn new(options: HostOptions) -> anyhow::Result<Host> {
+        let queue = Arc::new(ChangeQueue::new());
+        let host = Host::assemble(options, |weak| Wiring {
+            availability: Arc::new(Mediator::new(weak.clone())),
+            changes: queue.clone(),
+            mediation: queue.clone(),
+        })?;
+        tokio::spawn(deliver(queue, Arc::downgrade(&host.shared)));
+        Ok(host)
     }
 }
 
@@ -287,6 +300,16 @@ impl ChangeQueue {
 impl Default for ChangeQueue {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Mediation for ChangeQueue {
+    fn close(&self) {
+        ChangeQueue::close(self);
+    }
+
+    fn settled(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(ChangeQueue::settled(self))
     }
 }
 

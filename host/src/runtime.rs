@@ -2,7 +2,9 @@
 //! world, pre-instantiates it once, and runs every plugin call and HTTP request in a fresh
 //! `Store` with a deadline and a memory cap; calls into Provider Retry are made one at a
 //! time. What passes between plugins (availability queries and changes) is
-//! [`crate::mediator`]'s; `Host::new` only wires it into the stores.
+//! [`crate::mediator`]'s: its `Host::new` builds the mediation and hands it to
+//! [`Host::assemble`] here, which only wires it into the stores (so this module never
+//! names the mediator's types).
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -19,13 +21,14 @@ use crate::bindings::pool::{AccountPool, AccountPoolPre};
 use crate::bindings::retry::{ProviderRetry, ProviderRetryPre};
 use crate::config::{ComponentSource, Config};
 use crate::engine::{self, EPOCH_TICK, EngineLimits};
+use crate::imports::availability::AvailabilitySource;
 use crate::imports::clocks::ClockView;
 use crate::imports::http_out::{AllowList, OutgoingClient};
 use crate::imports::incoming_client::IncomingClientView;
+use crate::imports::listener::ChangeSink;
 use crate::imports::sqlite::SqliteView;
 use crate::imports::threads::ThreadsService;
 use crate::imports::{availability, clocks, incoming_client, listener, log, sqlite, threads};
-use crate::mediator::{self, ChangeQueue, Mediator};
 use crate::roles::{Role, Surface, check_world};
 use crate::state::{PluginMeta, PluginState, Services};
 
@@ -156,15 +159,31 @@ pub(crate) struct Shared {
     services: Services,
     pub(crate) pool: Option<Loaded<PoolPre>>,
     pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
-    pub(crate) changes: Arc<ChangeQueue>,
+    pub(crate) mediation: Arc<dyn Mediation>,
     /// The routes whose answers the listener records (agent turns running).
     pub(crate) taps: Arc<crate::tap::Taps>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.changes.close();
+        self.mediation.close();
     }
+}
+
+/// The host's handle on the mediation between plugins (the mediator's change queue):
+/// stop delivering when the host goes, and say when every change signalled so far has been
+/// delivered.
+pub(crate) trait Mediation: Send + Sync {
+    fn close(&self);
+    fn settled(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// The mediation a new host's stores are wired to, built by the mediator from the host's
+/// weak handle (stores must not keep the host alive).
+pub(crate) struct Wiring {
+    pub(crate) availability: Arc<dyn AvailabilitySource>,
+    pub(crate) changes: Arc<dyn ChangeSink>,
+    pub(crate) mediation: Arc<dyn Mediation>,
 }
 
 /// The file in a plugin's directory that keeps the hosts a person allowed it by setting a
@@ -284,9 +303,12 @@ fn load<P>(
 }
 
 impl Host {
-    /// Load every configured role and start the host's background work (the epoch ticker,
-    /// the availability-change delivery). Must be called inside a tokio runtime.
-    pub fn new(options: HostOptions) -> anyhow::Result<Host> {
+    /// Load every configured role, start the epoch ticker, and wire the stores to the
+    /// mediation `wire` builds (`Host::new` in [`crate::mediator`] is the one caller).
+    pub(crate) fn assemble(
+        options: HostOptions,
+        wire: impl FnOnce(&Weak<Shared>) -> Wiring,
+    ) -> anyhow::Result<Host> {
         let HostOptions {
             config,
             data_dir,
@@ -324,28 +346,33 @@ impl Host {
             Role::ProviderRetry,
             ProviderRetryPre::new,
         )?;
-        let changes = Arc::new(ChangeQueue::new());
         let databases = crate::imports::sqlite::ConnectionCache::new();
         crate::imports::sqlite::ConnectionCache::spawn_checkpoints(&databases);
-        let shared = Arc::new_cyclic(|weak: &Weak<Shared>| Shared {
-            engine,
-            config,
-            data_dir,
-            clock: clock.clone(),
-            services: Services {
-                clock,
-                client: OutgoingClient::new(),
-                threads,
-                availability: Arc::new(Mediator::new(weak.clone())),
-                changes: changes.clone(),
-                databases,
-            },
-            pool,
-            retry,
-            changes: changes.clone(),
-            taps: Arc::default(),
+        let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
+            let Wiring {
+                availability,
+                changes,
+                mediation,
+            } = wire(weak);
+            Shared {
+                engine,
+                config,
+                data_dir,
+                clock: clock.clone(),
+                services: Services {
+                    clock,
+                    client: OutgoingClient::new(),
+                    threads,
+                    availability,
+                    changes,
+                    databases,
+                },
+                pool,
+                retry,
+                mediation,
+                taps: Arc::default(),
+            }
         });
-        tokio::spawn(mediator::deliver(changes, Arc::downgrade(&shared)));
         Ok(Host { shared })
     }
 
