@@ -202,7 +202,9 @@ impl ChangeCause {
             .find(|c| c.name() == s || c.words() == s)
     }
 
-    /// The cause in words, as the host's history shows it ("account enabled").
+    /// The cause in words ("account enabled"): how the history stored a signal's causes
+    /// before it stored names, so [`ChangeCause::parse`] still reads them. The host puts the
+    /// WIT cause in the same words (`host/src/admin/retry.rs`).
     pub fn words(self) -> &'static str {
         match self {
             ChangeCause::AccountAdded => "account added",
