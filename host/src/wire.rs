@@ -172,6 +172,8 @@ pub struct AttemptView {
     pub account: String,
     /// The upstream status; null for a transport failure.
     pub status: Option<u16>,
+    /// The WIT `attempt-outcome` case's name: `served`, `detour`, `passed-through`,
+    /// `transient`, `hold`, `quota`, `family`, `auth` or `cancelled`.
     pub outcome: String,
 }
 
@@ -218,7 +220,8 @@ pub struct CandidateView {
 pub enum TriggerView {
     /// A `turn-failed` event.
     Failure,
-    /// An `availability-changed` signal; `causes` lists what changed.
+    /// An `availability-changed` signal; `causes` lists what changed in words, joined
+    /// with ", " ("account enabled, hold ended"); empty when the plugin sent none.
     Signal { causes: String },
     /// `on-start`.
     Start,

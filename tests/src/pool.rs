@@ -23,12 +23,11 @@ use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountsError, Credential, NewAccount, OauthCredential,
 };
 use pooler_host::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery;
-use pooler_host::bindings::pool::exports::pooler::plugins::routing::{
-    Route, RoutingError, SessionExplanation,
-};
+use pooler_host::bindings::pool::exports::pooler::plugins::routing::{Route, RoutingError};
 use pooler_host::bindings::pool::exports::pooler::plugins::settings::{Setting, SettingsError};
 use pooler_host::bindings::types::{Availability, Provider};
 use pooler_host::roles::Role;
+use pooler_host::wire::SessionView;
 
 use crate::client::{Answer, TestClient};
 use crate::harness::{Setup, TestHost};
@@ -513,8 +512,9 @@ impl Pool {
             .expect("routing.close-route")
     }
 
-    /// Where `session` is pinned and why.
-    pub async fn explain(&self, session: &str) -> Result<SessionExplanation, RoutingError> {
+    /// Where `session` is pinned and why, as the admin API shows it (the host's view of the
+    /// pool's answer: outcomes in their stable words).
+    pub async fn explain(&self, session: &str) -> Result<SessionView, RoutingError> {
         let (session, provider) = (session.to_owned(), self.provider);
         self.host
             .host
@@ -527,6 +527,7 @@ impl Pool {
             })
             .await
             .expect("routing.explain-session")
+            .map(SessionView::from)
     }
 
     /// The letter of the account `session` is pinned to (None: no pin).

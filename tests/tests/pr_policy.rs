@@ -609,13 +609,13 @@ async fn pr_18_explain_shows_every_decision_in_order() {
         .filter(|e| !matches!(e.action, Action::Unchanged))
         .map(|e| {
             let trigger = match &e.trigger {
-                Trigger::Signal(causes) if causes.contains("account enabled") => {
+                Trigger::Signal(causes) if causes.contains(&wit::ChangeCause::AccountEnabled) => {
                     "signal(account enabled)".to_owned()
                 }
-                Trigger::Signal(causes) if causes.contains("account disabled") => {
+                Trigger::Signal(causes) if causes.contains(&wit::ChangeCause::AccountDisabled) => {
                     "signal(account disabled)".to_owned()
                 }
-                Trigger::Signal(causes) => format!("signal({causes})"),
+                Trigger::Signal(causes) => format!("signal({causes:?})"),
                 other => format!("{other:?}"),
             };
             format!("{trigger} {:?}", e.action)

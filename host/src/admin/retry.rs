@@ -17,7 +17,7 @@ use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::retry::exports::pooler::plugins::retry_admin::{
     Action, AdminError, Candidate, CandidateState, ChainHistory, HistoryEntry, Trigger,
 };
-use crate::bindings::types::{Availability, BlockCause, UnavailableReason};
+use crate::bindings::types::{Availability, BlockCause, ChangeCause, UnavailableReason};
 use crate::wire::{ActionView, AvailabilityView, CandidateView, ChainView, EntryView, TriggerView};
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
@@ -140,7 +140,9 @@ fn entry_view(e: HistoryEntry) -> EntryView {
         at: e.at,
         trigger: match e.trigger {
             Trigger::Failure => TriggerView::Failure,
-            Trigger::Signal(causes) => TriggerView::Signal { causes },
+            Trigger::Signal(causes) => TriggerView::Signal {
+                causes: causes_words(&causes),
+            },
             Trigger::Start => TriggerView::Start,
             Trigger::Tick => TriggerView::Tick,
             Trigger::Due => TriggerView::Due,
@@ -159,6 +161,32 @@ fn entry_view(e: HistoryEntry) -> EntryView {
             Action::Unchanged => ActionView::Unchanged,
         },
         reason: e.reason,
+    }
+}
+
+/// A signal's causes in words, joined with ", " ("account enabled, hold ended"): the text
+/// the admin API and `pooler retry explain` show.
+fn causes_words(causes: &[ChangeCause]) -> String {
+    let words: Vec<&str> = causes.iter().map(|c| cause_words(*c)).collect();
+    words.join(", ")
+}
+
+/// One change cause in words.
+fn cause_words(c: ChangeCause) -> &'static str {
+    match c {
+        ChangeCause::AccountAdded => "account added",
+        ChangeCause::AccountEnabled => "account enabled",
+        ChangeCause::AccountDisabled => "account disabled",
+        ChangeCause::AccountRemoved => "account removed",
+        ChangeCause::ErrorCleared => "account error cleared",
+        ChangeCause::ErrorSet => "account error",
+        ChangeCause::HoldEnded => "hold ended",
+        ChangeCause::ConfigChanged => "pool settings changed",
+        ChangeCause::RoutingChanged => "routing changed",
+        ChangeCause::PriorityChanged => "account priorities changed",
+        ChangeCause::EarlierResetObserved => "earlier reset observed",
+        ChangeCause::LaterResetObserved => "later reset observed",
+        ChangeCause::ResetPassed => "reset passed",
     }
 }
 
@@ -347,6 +375,51 @@ mod tests {
         assert_eq!(watching.send_at, None);
     }
 
+    /// A signal's causes show in the words the plugin used to send as text, joined with
+    /// ", ", so the admin API's `causes` and the CLI's lines did not change.
+    #[test]
+    fn signal_causes_show_in_words() {
+        use ChangeCause::*;
+        let cases = [
+            (AccountAdded, "account added"),
+            (AccountEnabled, "account enabled"),
+            (AccountDisabled, "account disabled"),
+            (AccountRemoved, "account removed"),
+            (ErrorCleared, "account error cleared"),
+            (ErrorSet, "account error"),
+            (HoldEnded, "hold ended"),
+            (ConfigChanged, "pool settings changed"),
+            (RoutingChanged, "routing changed"),
+            (PriorityChanged, "account priorities changed"),
+            (EarlierResetObserved, "earlier reset observed"),
+            (LaterResetObserved, "later reset observed"),
+            (ResetPassed, "reset passed"),
+        ];
+        for (cause, words) in cases {
+            assert_eq!(causes_words(&[cause]), words);
+        }
+        let view = |causes| {
+            entry_view(HistoryEntry {
+                at: 1,
+                trigger: Trigger::Signal(causes),
+                availability: None,
+                action: Action::Unchanged,
+                reason: "r".into(),
+            })
+            .trigger
+        };
+        assert_eq!(
+            serde_json::to_value(view(vec![AccountEnabled, HoldEnded])).unwrap(),
+            json!({"kind": "signal", "causes": "account enabled, hold ended"})
+        );
+        assert_eq!(
+            view(vec![]),
+            TriggerView::Signal {
+                causes: String::new()
+            }
+        );
+    }
+
     #[test]
     fn every_trigger_action_and_availability_maps_to_its_view() {
         let entry = |trigger, action, availability| HistoryEntry {
@@ -365,7 +438,7 @@ mod tests {
             ),
             (
                 entry(
-                    Trigger::Signal("account enabled".into()),
+                    Trigger::Signal(vec![ChangeCause::AccountEnabled]),
                     Action::Rescheduled((9, 6)),
                     Some(Availability::Ready),
                 ),

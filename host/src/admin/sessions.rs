@@ -9,7 +9,9 @@
 //! percent-encoded. A session with no pin is not an error: `account` is null and `why` says so.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::pool::exports::pooler::plugins::routing::{AttemptRecord, SessionExplanation};
+use crate::bindings::pool::exports::pooler::plugins::routing::{
+    AttemptOutcome, AttemptRecord, SessionExplanation,
+};
 use crate::wire::{AttemptView, SessionView};
 
 impl From<SessionExplanation> for SessionView {
@@ -33,8 +35,23 @@ impl From<AttemptRecord> for AttemptView {
             at: a.at,
             account: a.account,
             status: a.status,
-            outcome: a.outcome,
+            outcome: outcome_word(a.outcome).to_owned(),
         }
+    }
+}
+
+/// The outcome as the admin API and the CLI show it: the WIT case's name.
+fn outcome_word(o: AttemptOutcome) -> &'static str {
+    match o {
+        AttemptOutcome::Served => "served",
+        AttemptOutcome::Detour => "detour",
+        AttemptOutcome::PassedThrough => "passed-through",
+        AttemptOutcome::Transient => "transient",
+        AttemptOutcome::Hold => "hold",
+        AttemptOutcome::Quota => "quota",
+        AttemptOutcome::Family => "family",
+        AttemptOutcome::Auth => "auth",
+        AttemptOutcome::Cancelled => "cancelled",
     }
 }
 
@@ -56,5 +73,39 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
             Reply::ok(serde_json::json!({ "session": SessionView::from(explained) }))
         }
         _ => Err(ApiError::no_endpoint(req)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every outcome shows as the word the pool recorded before the WIT had an enum, so the
+    /// admin API's `outcome` strings did not change.
+    #[test]
+    fn every_attempt_outcome_shows_as_its_stable_word() {
+        let cases = [
+            (AttemptOutcome::Served, "served"),
+            (AttemptOutcome::Detour, "detour"),
+            (AttemptOutcome::PassedThrough, "passed-through"),
+            (AttemptOutcome::Transient, "transient"),
+            (AttemptOutcome::Hold, "hold"),
+            (AttemptOutcome::Quota, "quota"),
+            (AttemptOutcome::Family, "family"),
+            (AttemptOutcome::Auth, "auth"),
+            (AttemptOutcome::Cancelled, "cancelled"),
+        ];
+        for (outcome, word) in cases {
+            let view = AttemptView::from(AttemptRecord {
+                at: 7,
+                account: "acc".into(),
+                status: Some(503),
+                outcome,
+            });
+            assert_eq!(
+                serde_json::to_value(&view).unwrap(),
+                serde_json::json!({"at": 7, "account": "acc", "status": 503, "outcome": word})
+            );
+        }
     }
 }

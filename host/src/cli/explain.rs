@@ -5,9 +5,9 @@
 //! chain's heading carries the full date.
 //!
 //! This is the only renderer: the plugin records its history as data (`Engine::record` and
-//! `store::add_history` in `plugins/provider-retry/src/`; only a signal's causes arrive in
-//! words, from `ChangeCause::words` in its `types.rs`), so a replacement plugin's history
-//! reads the same. The tests here pin every trigger and action.
+//! `store::add_history` in `plugins/provider-retry/src/`; a signal's causes arrive as WIT
+//! `change-cause`s, put in words by `host/src/admin/retry.rs`), so a replacement plugin's
+//! history reads the same. The tests here pin every trigger and action.
 
 use crate::wire::{ActionView, AvailabilityView, ChainView, EntryView, TriggerView};
 

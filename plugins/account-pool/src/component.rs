@@ -28,6 +28,7 @@ mod wasi_http;
 use crate::admin::{self, Admin};
 use crate::engine::{Cancel, Clock, Level, Log, Random};
 use crate::model::{self, Provider};
+use crate::policy::AttemptOutcome;
 use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings};
 use bindings::pooler::plugins::{availability_listener, incoming_client, types};
 use pooler_plugin_kit::component::{WitDb, WitLog};
@@ -138,6 +139,21 @@ fn cause_out(c: model::ChangeCause) -> types::ChangeCause {
         C::EarlierResetObserved => types::ChangeCause::EarlierResetObserved,
         C::LaterResetObserved => types::ChangeCause::LaterResetObserved,
         C::ResetPassed => types::ChangeCause::ResetPassed,
+    }
+}
+
+fn attempt_outcome_out(o: AttemptOutcome) -> routing::AttemptOutcome {
+    use routing::AttemptOutcome as W;
+    match o {
+        AttemptOutcome::Served => W::Served,
+        AttemptOutcome::Detour => W::Detour,
+        AttemptOutcome::PassedThrough => W::PassedThrough,
+        AttemptOutcome::Transient => W::Transient,
+        AttemptOutcome::Hold => W::Hold,
+        AttemptOutcome::Quota => W::Quota,
+        AttemptOutcome::Family => W::Family,
+        AttemptOutcome::Auth => W::Auth,
+        AttemptOutcome::Cancelled => W::Cancelled,
     }
 }
 
@@ -326,7 +342,7 @@ impl routing::Guest for Component {
                         at: r.at,
                         account: r.account,
                         status: r.status,
-                        outcome: r.outcome,
+                        outcome: attempt_outcome_out(r.outcome),
                     })
                     .collect(),
             })

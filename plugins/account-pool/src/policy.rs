@@ -334,10 +334,15 @@ pub fn classify(status: u16, obs: &Observation, family: Option<Family>, now: u64
     }
 }
 
-/// What happened to one account in one request, for the commit rule and diagnostics.
+/// What happened to one account in one request, for the commit rule and diagnostics (the
+/// WIT `routing.attempt-outcome`, whose docs say what each case means). The `attempts`
+/// table stores [`AttemptOutcome::as_str`]; [`AttemptOutcome::parse`] reads it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttemptOutcome {
+    /// Served, and the session is pinned on it.
     Served,
+    /// Served while the session stays pinned elsewhere (the commit rule kept the pin).
+    Detour,
     /// Failed transiently (after its same-account retries): a detour.
     Transient,
     /// Held (429 or refused fresh token): a detour.
@@ -350,6 +355,8 @@ pub enum AttemptOutcome {
     Auth,
     /// Its answer was returned to the client as is.
     PassedThrough,
+    /// The client went away during the attempt (or the wait before it).
+    Cancelled,
 }
 
 impl AttemptOutcome {
@@ -357,16 +364,37 @@ impl AttemptOutcome {
         matches!(self, AttemptOutcome::Quota | AttemptOutcome::Auth)
     }
 
+    /// Every outcome, in the WIT's order.
+    pub const ALL: [AttemptOutcome; 9] = [
+        AttemptOutcome::Served,
+        AttemptOutcome::Detour,
+        AttemptOutcome::PassedThrough,
+        AttemptOutcome::Transient,
+        AttemptOutcome::Hold,
+        AttemptOutcome::Quota,
+        AttemptOutcome::Family,
+        AttemptOutcome::Auth,
+        AttemptOutcome::Cancelled,
+    ];
+
+    /// The outcome's stable word, as stored and as the WIT case is named.
     pub fn as_str(self) -> &'static str {
         match self {
             AttemptOutcome::Served => "served",
+            AttemptOutcome::Detour => "detour",
             AttemptOutcome::Transient => "transient",
             AttemptOutcome::Hold => "hold",
             AttemptOutcome::Quota => "quota",
             AttemptOutcome::Family => "family",
             AttemptOutcome::Auth => "auth",
             AttemptOutcome::PassedThrough => "passed-through",
+            AttemptOutcome::Cancelled => "cancelled",
         }
+    }
+
+    /// The outcome a stored word names; None for any other text.
+    pub fn parse(word: &str) -> Option<AttemptOutcome> {
+        Self::ALL.into_iter().find(|o| o.as_str() == word)
     }
 }
 
@@ -844,6 +872,33 @@ mod tests {
                 want,
                 "{name}"
             );
+        }
+    }
+
+    /// The stored words are the WIT `attempt-outcome` case names, one per outcome, and read
+    /// back to the same outcome; any other text names none.
+    #[test]
+    fn attempt_outcomes_are_stored_as_their_wit_words_and_read_back() {
+        let words: Vec<&str> = AttemptOutcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(
+            words,
+            [
+                "served",
+                "detour",
+                "passed-through",
+                "transient",
+                "hold",
+                "quota",
+                "family",
+                "auth",
+                "cancelled"
+            ]
+        );
+        for o in AttemptOutcome::ALL {
+            assert_eq!(AttemptOutcome::parse(o.as_str()), Some(o));
+        }
+        for other in ["", "Served", "detoured", "served ", "passed through"] {
+            assert_eq!(AttemptOutcome::parse(other), None, "{other:?}");
         }
     }
 

@@ -8,7 +8,7 @@
 use pooler_plugin_kit::{Db, DbError, Row, Value};
 
 use crate::types::{
-    Action, Availability, FailureCategory, HistoryEntry, Provider, Timestamp, Trigger,
+    Action, Availability, ChangeCause, FailureCategory, HistoryEntry, Provider, Timestamp, Trigger,
 };
 
 /// How many history entries are kept per chain (spec §4).
@@ -345,10 +345,15 @@ pub fn mark_processed(
     Ok(())
 }
 
-fn trigger_parts(t: &Trigger) -> (&'static str, Option<&str>) {
+/// A trigger as its kind and detail columns. A signal's detail is its causes' names
+/// joined with "," (`account-enabled,hold-ended`); see [`signal_causes`] for reading it.
+fn trigger_parts(t: &Trigger) -> (&'static str, Option<String>) {
     match t {
         Trigger::Failure => ("failure", None),
-        Trigger::Signal(causes) => ("signal", Some(causes)),
+        Trigger::Signal(causes) => {
+            let names: Vec<&str> = causes.iter().map(|c| c.name()).collect();
+            ("signal", Some(names.join(",")))
+        }
         Trigger::Start => ("start", None),
         Trigger::Tick => ("tick", None),
         Trigger::Due => ("due", None),
@@ -400,12 +405,23 @@ pub fn add_history(db: &impl Db, chain_id: i64, entry: &HistoryEntry) -> Result<
     Ok(())
 }
 
+/// The causes of a signal's stored detail: its comma-separated pieces, each a cause's name
+/// (or, as stored before names, its words). A piece that names no cause (an edited
+/// database, or a cause a later version added) is skipped: the entry stays, with the
+/// causes that are known, rather than failing the whole history.
+fn signal_causes(detail: &str) -> Vec<ChangeCause> {
+    detail
+        .split(',')
+        .filter_map(|piece| ChangeCause::parse(piece.trim()))
+        .collect()
+}
+
 fn entry_from(row: &Row<'_>) -> Result<HistoryEntry, DbError> {
     let bad = |what: &str| DbError::Decode(format!("history {what}"));
     let detail = row.opt_text("trigger_detail")?;
     let trigger = match row.text("trigger_kind")?.as_str() {
         "failure" => Trigger::Failure,
-        "signal" => Trigger::Signal(detail.unwrap_or_default()),
+        "signal" => Trigger::Signal(signal_causes(detail.as_deref().unwrap_or_default())),
         "start" => Trigger::Start,
         "tick" => Trigger::Tick,
         "due" => Trigger::Due,
@@ -571,7 +587,7 @@ mod tests {
                     trigger: if i % 2 == 0 {
                         Trigger::Tick
                     } else {
-                        Trigger::Signal("account enabled".into())
+                        Trigger::Signal(vec![ChangeCause::AccountEnabled])
                     },
                     availability: Some(Availability::Ready),
                     action: Action::Rescheduled(i, i + 1),
@@ -584,8 +600,97 @@ mod tests {
         assert_eq!(h.len(), 50);
         assert_eq!(h[0].at, 10);
         assert_eq!(h[49].at, 59);
-        assert_eq!(h[49].trigger, Trigger::Signal("account enabled".into()));
+        assert_eq!(
+            h[49].trigger,
+            Trigger::Signal(vec![ChangeCause::AccountEnabled])
+        );
         assert_eq!(h[49].action, Action::Rescheduled(59, 60));
+    }
+
+    /// A signal's causes are stored as their names and read back in order; an empty list
+    /// stays empty.
+    #[test]
+    fn a_signal_keeps_its_causes_as_names() {
+        let db = NativeDb::memory();
+        migrate(&db).unwrap();
+        let id = save_chain(&db, &chain()).unwrap();
+        let entry = |trigger| HistoryEntry {
+            at: 1,
+            trigger,
+            availability: None,
+            action: Action::Unchanged,
+            reason: "r".into(),
+        };
+        let mut every = ChangeCause::ALL.to_vec();
+        every.reverse();
+        add_history(&db, id, &entry(Trigger::Signal(every.clone()))).unwrap();
+        add_history(&db, id, &entry(Trigger::Signal(vec![]))).unwrap();
+        let details: Vec<Option<String>> = db
+            .query("SELECT trigger_detail FROM history ORDER BY id", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.opt_text("trigger_detail").unwrap())
+            .collect();
+        assert_eq!(
+            details[0].as_deref().unwrap().split(',').next(),
+            Some("reset-passed")
+        );
+        assert_eq!(details[1].as_deref(), Some(""));
+        let h = history(&db, id).unwrap();
+        assert_eq!(h[0].trigger, Trigger::Signal(every));
+        assert_eq!(h[1].trigger, Trigger::Signal(vec![]));
+    }
+
+    /// A stored detail is read piece by piece: names, and the words the history stored
+    /// before names; a piece that names no cause is skipped, the entry kept.
+    #[test]
+    fn a_signal_detail_reads_old_words_and_skips_unknown_names() {
+        let db = NativeDb::memory();
+        migrate(&db).unwrap();
+        let id = save_chain(&db, &chain()).unwrap();
+        let stored = [
+            (
+                "account enabled, hold ended",
+                vec![ChangeCause::AccountEnabled, ChangeCause::HoldEnded],
+            ),
+            ("account error", vec![ChangeCause::ErrorSet]),
+            (
+                "account-added,quota-bumped,reset-passed",
+                vec![ChangeCause::AccountAdded, ChangeCause::ResetPassed],
+            ),
+            ("edited by hand", vec![]),
+        ];
+        for (at, (detail, _)) in (1u64..).zip(&stored) {
+            db.execute(
+                "INSERT INTO history (chain_id, at, trigger_kind, trigger_detail, action, reason) \
+                 VALUES (?1, ?2, 'signal', ?3, 'unchanged', 'r')",
+                &[id.into(), at.into(), (*detail).into()],
+            )
+            .unwrap();
+        }
+        let h = history(&db, id).unwrap();
+        let read: Vec<_> = h.into_iter().map(|e| e.trigger).collect();
+        let expected: Vec<_> = stored
+            .into_iter()
+            .map(|(_, causes)| Trigger::Signal(causes))
+            .collect();
+        assert_eq!(read, expected);
+    }
+
+    /// Every cause has its own name, read back to it; its words are read back too.
+    #[test]
+    fn change_causes_name_and_parse_both_ways() {
+        let names: Vec<&str> = ChangeCause::ALL.iter().map(|c| c.name()).collect();
+        let mut distinct = names.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ChangeCause::ALL.len());
+        for c in ChangeCause::ALL {
+            assert_eq!(ChangeCause::parse(c.name()), Some(c));
+            assert_eq!(ChangeCause::parse(c.words()), Some(c));
+        }
+        assert_eq!(ChangeCause::parse(""), None);
+        assert_eq!(ChangeCause::parse("Account-Enabled"), None);
     }
 
     #[test]

@@ -157,7 +157,54 @@ pub enum ChangeCause {
 }
 
 impl ChangeCause {
-    /// The cause in words, as the history shows it ("account enabled").
+    /// Every cause, in the WIT's order.
+    pub const ALL: [ChangeCause; 13] = [
+        ChangeCause::AccountAdded,
+        ChangeCause::AccountEnabled,
+        ChangeCause::AccountDisabled,
+        ChangeCause::AccountRemoved,
+        ChangeCause::ErrorCleared,
+        ChangeCause::ErrorSet,
+        ChangeCause::HoldEnded,
+        ChangeCause::ConfigChanged,
+        ChangeCause::RoutingChanged,
+        ChangeCause::PriorityChanged,
+        ChangeCause::EarlierResetObserved,
+        ChangeCause::LaterResetObserved,
+        ChangeCause::ResetPassed,
+    ];
+
+    /// The cause's stable name, the WIT `change-cause` case's ("account-enabled"): how the
+    /// history stores a signal's causes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChangeCause::AccountAdded => "account-added",
+            ChangeCause::AccountEnabled => "account-enabled",
+            ChangeCause::AccountDisabled => "account-disabled",
+            ChangeCause::AccountRemoved => "account-removed",
+            ChangeCause::ErrorCleared => "error-cleared",
+            ChangeCause::ErrorSet => "error-set",
+            ChangeCause::HoldEnded => "hold-ended",
+            ChangeCause::ConfigChanged => "config-changed",
+            ChangeCause::RoutingChanged => "routing-changed",
+            ChangeCause::PriorityChanged => "priority-changed",
+            ChangeCause::EarlierResetObserved => "earlier-reset-observed",
+            ChangeCause::LaterResetObserved => "later-reset-observed",
+            ChangeCause::ResetPassed => "reset-passed",
+        }
+    }
+
+    /// The cause a stored name stands for. The cause's words are accepted too: the history
+    /// stored a signal's causes as their words (joined with ", ") before it stored names.
+    pub fn parse(s: &str) -> Option<ChangeCause> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.name() == s || c.words() == s)
+    }
+
+    /// The cause in words ("account enabled"): how the history stored a signal's causes
+    /// before it stored names, so [`ChangeCause::parse`] still reads them. The host puts the
+    /// WIT cause in the same words (`host/src/admin/retry.rs`).
     pub fn words(self) -> &'static str {
         match self {
             ChangeCause::AccountAdded => "account added",
@@ -474,8 +521,8 @@ pub struct Candidate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trigger {
     Failure,
-    /// An availability-changed signal; the text lists its causes in words.
-    Signal(String),
+    /// An availability-changed signal, with its causes (each once, first seen first).
+    Signal(Vec<ChangeCause>),
     Start,
     Tick,
     Due,

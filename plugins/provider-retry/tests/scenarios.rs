@@ -96,7 +96,7 @@ fn row_moves_earlier_for_every_recovery_cause() {
         assert!(row.send_at < w.clock.0.get() + 45 * S, "{cause:?}");
         let history = w.engine().explain("thr_a").unwrap();
         let last = history[0].entries.last().unwrap();
-        assert_eq!(last.trigger, Trigger::Signal(cause.words().to_owned()));
+        assert_eq!(last.trigger, Trigger::Signal(vec![cause]));
         assert!(matches!(last.action, Action::Rescheduled(old, new) if old > new));
     }
 }
@@ -618,7 +618,7 @@ fn explain_shows_decision_reschedules_and_dispatch() {
         vec![
             (Trigger::Failure, Action::Scheduled(first)),
             (
-                Trigger::Signal("account enabled".into()),
+                Trigger::Signal(vec![ChangeCause::AccountEnabled]),
                 Action::Rescheduled(first, row.send_at)
             ),
             (Trigger::Due, Action::Dispatched(2)),

@@ -21,7 +21,7 @@ mod settings;
 
 pub use accounts::{AccountInfo, AccountsError, NewAccount, WindowInfo};
 pub use availability::Change;
-pub use routing::{CODEX_TOKEN_VAR, Route, RoutingError, SessionExplanation};
+pub use routing::{AttemptRecord, CODEX_TOKEN_VAR, Route, RoutingError, SessionExplanation};
 pub use settings::{SettingInfo, SettingsError};
 
 use crate::engine::{Cancel, Clock, Engine, Log, Random, Upstream};

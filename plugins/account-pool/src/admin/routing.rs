@@ -2,10 +2,10 @@
 //! environment an agent needs), and explaining where a session is pinned and why.
 
 use super::Admin;
-use crate::engine::{Cancel, Clock, Log, Random, Upstream};
+use crate::engine::{Cancel, Clock, Level, Log, Random, Upstream};
 use crate::model::Provider;
+use crate::policy::AttemptOutcome;
 use crate::session;
-use crate::store::AttemptRow;
 use crate::token;
 use pooler_plugin_kit::{Db, DbError};
 
@@ -48,7 +48,16 @@ pub struct SessionExplanation {
     pub last_used_at: Option<u64>,
     pub expires_at: Option<u64>,
     pub why: String,
-    pub recent: Vec<AttemptRow>,
+    pub recent: Vec<AttemptRecord>,
+}
+
+/// One recorded attempt of a session (mirror of the WIT `attempt-record`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    pub at: u64,
+    pub account: String,
+    pub status: Option<u16>,
+    pub outcome: AttemptOutcome,
 }
 
 /// The name of the environment variable that holds a Codex route's token.
@@ -164,6 +173,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E
     }
 
     /// Where a session is pinned and why, with its latest attempts.
+    ///
+    /// The attempts table stores each outcome as its word. A stored word that names no
+    /// [`AttemptOutcome`] (only an edited database has one) leaves that attempt out of
+    /// `recent`, with a warning, rather than failing the explanation.
     pub fn explain_session(
         &self,
         provider: Provider,
@@ -186,6 +199,29 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E
             }
             None => "no pin: its pin expired or no request of it succeeded".to_owned(),
         };
+        let recent = recent
+            .into_iter()
+            .filter_map(|r| match AttemptOutcome::parse(&r.outcome) {
+                Some(outcome) => Some(AttemptRecord {
+                    at: r.at,
+                    account: r.account,
+                    status: r.status,
+                    outcome,
+                }),
+                None => {
+                    self.env.log(
+                        Level::Warn,
+                        "Account Pooler skipped a recorded attempt with an unknown outcome",
+                        &[
+                            ("provider", provider.to_string()),
+                            ("account", r.account),
+                            ("outcome", r.outcome),
+                        ],
+                    );
+                    None
+                }
+            })
+            .collect();
         Ok(SessionExplanation {
             provider,
             account: pin.as_ref().map(|p| p.account.clone()),

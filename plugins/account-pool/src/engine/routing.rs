@@ -18,9 +18,6 @@ use crate::store::{Pin, TOUCH_GRANULARITY_MS};
 use crate::stream::Relay;
 use pooler_plugin_kit::{Db, DbError};
 
-/// The outcome recorded for an attempt the client's leaving stopped.
-const CANCELLED: &str = "cancelled";
-
 /// What the attempt loop has learned so far, carried from one pass to the next.
 struct Progress {
     /// The session's pin as this request last saw it (found, or claimed by it).
@@ -213,7 +210,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         let remaining = until - now;
         if remaining <= ctx.settings.inline_wait_ms && !p.waited.contains(id) {
             if let Raced::Gone = unless_gone(self.env, self.env.sleep(remaining)).await {
-                self.note_attempt(ctx, self.env.now(), id, None, CANCELLED)?;
+                self.note_attempt(ctx, self.env.now(), id, None, AttemptOutcome::Cancelled)?;
                 return self
                     .cancelled(ctx, p.pin.as_ref(), Some(id))
                     .map(Step::Answer);
@@ -224,7 +221,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         p.attempted.push(id.clone());
         p.outcomes.push((id.clone(), AttemptOutcome::Hold));
         p.failure = Some(hold_failure(state, until, now));
-        self.note_attempt(ctx, now, id, None, AttemptOutcome::Hold.as_str())?;
+        self.note_attempt(ctx, now, id, None, AttemptOutcome::Hold)?;
         p.previous = Some(id.clone());
         Ok(Step::Again)
     }
@@ -248,12 +245,16 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
                 // What this outcome changes is one commit (one WAL write, one lock).
                 self.store.tx(|store| {
                     store.touch_account(id, state.last_used_at, self.last_try.get())?;
-                    let mut outcome = if served { "served" } else { "passed-through" };
+                    let mut outcome = if served {
+                        AttemptOutcome::Served
+                    } else {
+                        AttemptOutcome::PassedThrough
+                    };
                     if served {
                         let detour =
                             self.commit(ctx, thread, id, p.pin.as_ref(), cursor, &p.outcomes, now)?;
                         if detour {
-                            outcome = "detour";
+                            outcome = AttemptOutcome::Detour;
                         }
                     } else if let Some(pin) = p.pin.as_ref().filter(|p| p.claimed) {
                         store.release_claim(
@@ -271,7 +272,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
                 // is committed.
                 self.store.tx(|store| {
                     store.touch_account(id, state.last_used_at, self.last_try.get())?;
-                    self.note_attempt(ctx, self.env.now(), id, status, CANCELLED)
+                    self.note_attempt(ctx, self.env.now(), id, status, AttemptOutcome::Cancelled)
                 })?;
                 self.cancelled(ctx, p.pin.as_ref(), Some(id))
                     .map(Step::Answer)
@@ -284,7 +285,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
                         self.env.now(),
                         id,
                         failure.as_ref().map(|f| f.status),
-                        outcome.as_str(),
+                        outcome,
                     )
                 })?;
                 p.outcomes.push((id.to_owned(), outcome));
@@ -441,12 +442,13 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         at: u64,
         account: &str,
         status: Option<u16>,
-        outcome: &str,
+        outcome: AttemptOutcome,
     ) -> Result<(), DbError> {
         match ctx.key {
-            Some(key) => self
-                .store
-                .record_attempt(ctx.provider, key, at, account, status, outcome),
+            Some(key) => {
+                self.store
+                    .record_attempt(ctx.provider, key, at, account, status, outcome.as_str())
+            }
             None => Ok(()),
         }
     }

@@ -59,11 +59,10 @@ impl<D: Db> Engine<'_, D> {
         &self,
         change: &AvailabilityChange,
     ) -> Result<PassSummary, PluginError> {
-        let causes: Vec<&str> = change.causes.iter().map(|c| c.words()).collect();
         let chains = store::open_chains(self.db, Some(change.provider))?;
         self.pass(
             chains,
-            &Trigger::Signal(causes.join(", ")),
+            &Trigger::Signal(change.causes.clone()),
             self.clock.now(),
         )
     }

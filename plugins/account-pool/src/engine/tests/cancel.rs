@@ -11,7 +11,11 @@ fn latest_attempt(p: &Pool, session: &str) -> (String, Option<u16>, String) {
         .unwrap()
         .recent;
     let last = recent.last().expect("an attempt was recorded");
-    (p.label_of(&last.account), last.status, last.outcome.clone())
+    (
+        p.label_of(&last.account),
+        last.status,
+        last.outcome.as_str().to_owned(),
+    )
 }
 
 /// The cancellation log lines so far.

@@ -92,11 +92,47 @@ fn ap3_outage_longer_than_retries_detours_each_request() {
         .explain_session(Provider::Claude, "S")
         .unwrap()
         .recent;
-    assert!(recent.iter().any(|r| r.outcome == "detour"));
+    assert!(recent.iter().any(|r| r.outcome.as_str() == "detour"));
     assert!(
         recent
             .iter()
-            .any(|r| r.outcome == "transient" && r.status == Some(503))
+            .any(|r| r.outcome.as_str() == "transient" && r.status == Some(503))
+    );
+}
+
+/// `explain-session` shows every recorded outcome as its case, in order; a stored word
+/// that names no outcome (only an edited database has one) is left out with a warning,
+/// and the explanation still answers.
+#[test]
+fn explain_session_reads_outcomes_and_skips_an_unknown_word() {
+    use crate::policy::AttemptOutcome;
+    let p = Pool::abc();
+    let store = p.store();
+    let record = |at, word| {
+        store
+            .record_attempt(Provider::Claude, "session:S", at, "a", None, word)
+            .unwrap()
+    };
+    for (at, o) in (1..).zip(AttemptOutcome::ALL) {
+        record(at, o.as_str());
+    }
+    record(100, "edited by hand");
+    record(101, "served");
+    let e = p.admin().explain_session(Provider::Claude, "S").unwrap();
+    let outcomes: Vec<_> = e.recent.iter().map(|r| (r.at, r.outcome)).collect();
+    let mut expected: Vec<_> = (1..).zip(AttemptOutcome::ALL).collect();
+    expected.push((101, AttemptOutcome::Served));
+    assert_eq!(outcomes, expected);
+    assert_eq!(
+        e.why,
+        "no pin: its pin expired or no request of it succeeded"
+    );
+    let logs = p.env.logs.borrow();
+    assert!(
+        logs.iter().any(|l| l.contains("unknown outcome")
+            && l.contains("edited by hand")
+            && l.contains("\"a\"")),
+        "{logs:?}"
     );
 }
 
