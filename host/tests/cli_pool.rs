@@ -464,6 +464,64 @@ fn refused_input_says_what_is_wrong_and_changes_nothing() {
     assert_eq!(status, 200);
 }
 
+/// With `--json`, a failure is `{"error": {"kind", "message"}}` on stdout (no text on
+/// stderr) and keeps its exit code: a refusal by the server carries the admin API's code and
+/// status, local input that cannot be used is `usage` (exit 2), no server is `no-server`.
+#[test]
+fn json_failures_are_json_objects_with_the_same_exit_codes() {
+    let served = Served::start();
+    let refused = served.fails_json(&["account", "enable", "acc_nope", "--json"], 1);
+    let plain = served.fails(&["account", "enable", "acc_nope"], 1);
+    assert_eq!(
+        format!("error: {}", refused["message"].as_str().unwrap()),
+        plain.trim()
+    );
+    assert!(
+        refused["status"].as_u64().is_some_and(|s| s >= 400)
+            && !["usage", "no-server", "failed"].contains(&refused["kind"].as_str().unwrap()),
+        "{refused}"
+    );
+    let usage = served.fails_json(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--api-key",
+            "-",
+            "--json",
+        ],
+        2,
+    );
+    assert_eq!(usage["kind"], "usage", "{usage}");
+    assert!(
+        usage["message"].as_str().unwrap().contains("empty"),
+        "{usage}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pooler"))
+        .args(["account", "list", "--json", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        !text(&out.stderr).contains("error:"),
+        "{}",
+        text(&out.stderr)
+    );
+    let value: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(value["error"]["kind"], "no-server", "{value}");
+    assert!(
+        value["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("pooler serve"),
+        "{value}"
+    );
+}
+
 #[test]
 fn commands_without_a_server_say_how_to_start_one() {
     let dir = tempfile::tempdir().unwrap();

@@ -230,10 +230,10 @@ fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
         served.fails(&["retry", "status", thread], 1).trim(),
         expected
     );
+    // With --json the failure is a JSON object on stdout, same exit code.
+    let error = served.fails_json(&["retry", "status", thread, "--json"], 1);
     assert_eq!(
-        served
-            .fails(&["retry", "status", thread, "--json"], 1)
-            .trim(),
+        format!("error: {}", error["message"].as_str().unwrap()),
         expected
     );
     assert_eq!(
@@ -243,7 +243,6 @@ fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
     for args in [
         &["retry", "status", "th_never"][..],
         &["retry", "explain", "th_never"],
-        &["retry", "explain", "th_never", "--json"],
         &["retry", "cancel", "th_never"],
     ] {
         let stderr = served.fails(args, 1);
@@ -252,6 +251,14 @@ fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
             "{args:?}: {stderr}"
         );
     }
+    let error = served.fails_json(&["retry", "explain", "th_never", "--json"], 1);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("thread th_never has nothing pending"),
+        "{error}"
+    );
     // No retry was sent upstream meanwhile.
     assert_eq!(upstream.requests.load(Ordering::SeqCst), 1);
 }

@@ -24,7 +24,7 @@ use crate::wire::{AccountView, ProviderName, percent_encode};
     pooler account reorder --provider claude B-ID A-ID C-ID")]
 pub struct Args {
     #[command(flatten)]
-    client: ClientArgs,
+    pub(super) client: ClientArgs,
     #[command(subcommand)]
     command: AccountCommand,
 }

@@ -34,7 +34,8 @@ pub struct ClientArgs {
     /// platform's data directory).
     #[arg(long, value_name = "DIR", global = true, display_order = 100)]
     pub data_dir: Option<PathBuf>,
-    /// Print the admin API's JSON answer instead of text.
+    /// Print the admin API's JSON answer instead of text; a failure prints
+    /// {"error": {"kind": …, "message": …}} on stdout, with the same exit code.
     #[arg(long, global = true, display_order = 101)]
     pub json: bool,
 }
@@ -109,6 +110,12 @@ impl ServerFile {
     }
 }
 
+/// No server answers for the data directory (none started, or it stopped): the message says
+/// how to start one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct NoServer(pub String);
+
 /// The admin API refused a request (or failed): its status, code and message.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
@@ -130,10 +137,10 @@ impl Client {
     /// Find the server serving `data_dir` (its `server.json` and admin token).
     pub fn connect(data_dir: &Path) -> anyhow::Result<Client> {
         let not_serving = || {
-            anyhow::anyhow!(
+            NoServer(format!(
                 "no pooler is serving {} (start it with `pooler serve`)",
                 data_dir.display()
-            )
+            ))
         };
         let server = ServerFile::read(data_dir).ok_or_else(not_serving)?;
         let token = std::fs::read_to_string(data_dir.join(ADMIN_TOKEN_FILE))
@@ -191,11 +198,11 @@ impl Client {
             .context("cannot build the admin request")?;
         let exchange = async {
             let response = self.http.request(request).await.map_err(|e| {
-                anyhow::anyhow!(
+                NoServer(format!(
                     "no pooler is serving {} (start it with `pooler serve`): {} does not answer ({e})",
                     self.data_dir.display(),
                     self.url
-                )
+                ))
             })?;
             let status = response.status();
             let bytes = response

@@ -20,7 +20,7 @@ use crate::wire::{SettingView, percent_encode};
     pooler config set pool.claude-routing off")]
 pub struct Args {
     #[command(flatten)]
-    client: ClientArgs,
+    pub(super) client: ClientArgs,
     #[command(subcommand)]
     command: ConfigCommand,
 }

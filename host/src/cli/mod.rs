@@ -3,7 +3,9 @@
 //!
 //! Exit codes: 0 success; 1 failure (refused by the server, no server, I/O); 2 usage (bad
 //! flags or arguments, and local input that cannot be used: an empty key, an OAuth file that
-//! is not a JSON object).
+//! is not a JSON object). With `--json`, a failure prints [`json_error`]'s object on stdout
+//! instead of a line on stderr, with the same exit code (clap's own usage errors, found
+//! before the command is known, stay text).
 //!
 //! # Adding a command group
 //!
@@ -59,6 +61,14 @@ macro_rules! groups {
         }
 
         impl Command {
+            /// Whether `--json` was given.
+            fn json(&self) -> bool {
+                match self {
+                    Command::Serve(_) => false,
+                    $(Command::$variant(args) => args.client.json,)*
+                }
+            }
+
             async fn run(self) -> anyhow::Result<()> {
                 match self {
                     Command::Serve(args) => serve::serve(args).await,
@@ -108,10 +118,15 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = cli.command.json();
     match runtime.block_on(cli.command.run()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            if json {
+                println!("{}", json_error(&e));
+            } else {
+                eprintln!("error: {e:#}");
+            }
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {
@@ -119,6 +134,30 @@ pub fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// A failed command's error as `--json` prints it: `{"error": {"kind": …, "message": …}}`.
+/// `kind` is `usage` (exit 2), `no-server` (none answers for the data directory), the admin
+/// API's own code for a refusal (`not-found`, `invalid-input`, …; the object then also has
+/// the HTTP `status`), or `failed` for anything else (a file that cannot be read, a cut-off
+/// answer).
+pub fn json_error(e: &anyhow::Error) -> serde_json::Value {
+    let message = format!("{e:#}");
+    if let Some(api) = e.downcast_ref::<client::ApiFailure>() {
+        return serde_json::json!({"error": {
+            "kind": api.code,
+            "message": message,
+            "status": api.status.as_u16(),
+        }});
+    }
+    let kind = if e.downcast_ref::<UsageError>().is_some() {
+        "usage"
+    } else if e.downcast_ref::<client::NoServer>().is_some() {
+        "no-server"
+    } else {
+        "failed"
+    };
+    serde_json::json!({"error": {"kind": kind, "message": message}})
 }
 
 /// The data directory: the flag, else `$POOLER_DATA_DIR`, else the platform's.

@@ -33,7 +33,7 @@ use crate::wire::{CandidateView, ChainView, percent_encode};
     The retry plugin's settings are `pooler config get|set retry.<key>`.")]
 pub struct Args {
     #[command(flatten)]
-    client: ClientArgs,
+    pub(super) client: ClientArgs,
     #[command(subcommand)]
     command: RetryCommand,
 }

@@ -20,7 +20,7 @@ use crate::wire::{ProviderName, RouteView, percent_encode};
     route is closed.")]
 pub struct Args {
     #[command(flatten)]
-    client: ClientArgs,
+    pub(super) client: ClientArgs,
     #[command(subcommand)]
     command: RouteCommand,
 }

@@ -16,7 +16,7 @@ use crate::wire::{ProviderName, SessionView, percent_encode};
     metadata.user_id), or a key as the pool stores it (`session:<id>`, `cache:<key>`).")]
 pub struct Args {
     #[command(flatten)]
-    client: ClientArgs,
+    pub(super) client: ClientArgs,
     #[command(subcommand)]
     command: SessionCommand,
 }

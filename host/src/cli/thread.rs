@@ -21,7 +21,7 @@ use crate::wire::{ProviderName, percent_encode};
     pooler thread archive \"$T\"")]
 pub struct Args {
     #[command(flatten)]
-    client: ClientArgs,
+    pub(super) client: ClientArgs,
     #[command(subcommand)]
     command: ThreadCommand,
 }

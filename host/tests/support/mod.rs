@@ -151,6 +151,27 @@ impl Served {
         text(&out.stderr)
     }
 
+    /// `pooler ARGS` (with `--json` among them) must fail with `code`, printing its JSON
+    /// error object on stdout and no error line on stderr; the object's `error`.
+    pub fn fails_json(&self, args: &[&str], code: i32) -> Value {
+        let out = self.pooler(args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "pooler {args:?}\nstdout: {stdout}\nstderr: {stderr}"
+        );
+        assert!(!stderr.contains("error:"), "pooler {args:?}: {stderr}");
+        let value: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("pooler {args:?}: {e}: {stdout}"));
+        let error = value["error"].clone();
+        assert!(
+            error["kind"].is_string() && error["message"].is_string(),
+            "pooler {args:?}: {value}"
+        );
+        error
+    }
+
     /// `127.0.0.1:PORT`.
     pub fn addr(&self) -> &str {
         self.url.strip_prefix("http://").unwrap()
