@@ -464,6 +464,44 @@ fn refused_input_says_what_is_wrong_and_changes_nothing() {
     assert_eq!(status, 200);
 }
 
+/// `pooler account show ID` prints one account as `account list` knows it (the same JSON
+/// under `--json`); an unknown id is refused by name, exit 1.
+#[test]
+fn account_show_prints_one_account() {
+    let served = Served::start().never_prints(KEY_A);
+    served.pooler_with(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--label",
+            "laptop",
+            "--api-key",
+            "-",
+        ],
+        &[],
+        Some(KEY_A),
+    );
+    let listed = served.json(&["account", "list"]);
+    let id = ids(&listed)[0].clone();
+    let shown = served.json(&["account", "show", &id]);
+    assert_eq!(shown["account"], listed["accounts"][0], "{shown}");
+    let said = served.ok(&["account", "show", &id]);
+    assert!(
+        said.starts_with(&format!("claude account {id} \"laptop\"")),
+        "{said}"
+    );
+    let err = served.fails(&["account", "show", "acc_nope"], 1);
+    assert!(err.contains("`acc_nope`"), "{err}");
+    let error = served.fails_json(&["account", "show", "acc_nope", "--json"], 1);
+    assert_eq!(
+        (error["kind"].as_str(), error["status"].as_u64()),
+        (Some("no-such-account"), Some(404)),
+        "{error}"
+    );
+}
+
 /// With `--json`, a failure is `{"error": {"kind", "message"}}` on stdout (no text on
 /// stderr) and keeps its exit code: a refusal by the server carries the admin API's code and
 /// status, local input that cannot be used is `usage` (exit 2), no server is `no-server`.

@@ -6,6 +6,7 @@
 //! | `POST /accounts`                     | `{provider, credential, label?, priority?}` | 201 `{"account": …}` |
 //! | `POST /accounts/import`              | `{provider, contents, label?, priority?}`   | 201 `{"account": …}` |
 //! | `POST /accounts/reorder`             | `{provider, ids: [id…]}`                    | `{"accounts": [account…]}` |
+//! | `GET /accounts/{id}`                 |                                             | `{"account": …}` |
 //! | `DELETE /accounts/{id}`              |                                             | `{"removed": id}` |
 //! | `POST /accounts/{id}/enable`         |                                             | `{"account": …}` |
 //! | `POST /accounts/{id}/disable`        |                                             | `{"account": …}` |
@@ -123,6 +124,7 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
         ("POST", []) => add(admin, req).await,
         ("POST", ["import"]) => import(admin, req).await,
         ("POST", ["reorder"]) => reorder(admin, req).await,
+        ("GET", [id]) => show(admin, id).await,
         ("DELETE", [id]) => remove(admin, id).await,
         ("POST", [id, action @ ("enable" | "disable" | "refresh")]) => {
             act(admin, id, action).await
@@ -150,6 +152,20 @@ async fn list(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
         .await?
         .map_err(refused)?;
     Reply::ok(many(accounts))
+}
+
+/// One account, from the pool's list (the `accounts` export has no single-account read).
+async fn show(admin: &Admin, id: &str) -> Result<Reply, ApiError> {
+    let accounts = admin
+        .pool("accounts.list-accounts", move |store, pool| {
+            Box::pin(pool.pooler_plugins_accounts().call_list_accounts(store, None))
+        })
+        .await?
+        .map_err(refused)?;
+    match accounts.into_iter().find(|a| a.id == id) {
+        Some(account) => Reply::ok(one(account)),
+        None => Err(refused(AccountsError::NoSuchAccount(id.to_owned()))),
+    }
 }
 
 /// The `credential` object of an add request.

@@ -41,6 +41,8 @@ enum AccountCommand {
         #[arg(long)]
         provider: Option<ProviderName>,
     },
+    /// Show one account: status, utilization, resets, hold, error.
+    Show { id: String },
     /// Enable an account (also clears its error and hold).
     Enable { id: String },
     /// Disable an account; requests in flight finish.
@@ -174,6 +176,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             out.print(&answer, || {
                 let accounts: Vec<AccountView> = field(&answer, "accounts")?;
                 print_list(&accounts);
+                Ok(())
+            })
+        }
+        AccountCommand::Show { id } => {
+            let answer = out
+                .connect()?
+                .get(&format!("accounts/{}", percent_encode(&id)))
+                .await?;
+            out.print(&answer, || {
+                let account: AccountView = field(&answer, "account")?;
+                println!("{}", summary(&account));
+                print!("{}", details(&account, now_ms()));
                 Ok(())
             })
         }
