@@ -220,63 +220,8 @@ impl AccountStatus {
     }
 }
 
-/// Causes of an availability change (mirror of the WIT `change-cause`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ChangeCause {
-    AccountAdded,
-    AccountEnabled,
-    AccountDisabled,
-    AccountRemoved,
-    ErrorCleared,
-    ErrorSet,
-    HoldEnded,
-    ConfigChanged,
-    RoutingChanged,
-    PriorityChanged,
-    EarlierResetObserved,
-    LaterResetObserved,
-    ResetPassed,
-}
-
-impl ChangeCause {
-    pub const ALL: [ChangeCause; 13] = [
-        ChangeCause::AccountAdded,
-        ChangeCause::AccountEnabled,
-        ChangeCause::AccountDisabled,
-        ChangeCause::AccountRemoved,
-        ChangeCause::ErrorCleared,
-        ChangeCause::ErrorSet,
-        ChangeCause::HoldEnded,
-        ChangeCause::ConfigChanged,
-        ChangeCause::RoutingChanged,
-        ChangeCause::PriorityChanged,
-        ChangeCause::EarlierResetObserved,
-        ChangeCause::LaterResetObserved,
-        ChangeCause::ResetPassed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChangeCause::AccountAdded => "account-added",
-            ChangeCause::AccountEnabled => "account-enabled",
-            ChangeCause::AccountDisabled => "account-disabled",
-            ChangeCause::AccountRemoved => "account-removed",
-            ChangeCause::ErrorCleared => "error-cleared",
-            ChangeCause::ErrorSet => "error-set",
-            ChangeCause::HoldEnded => "hold-ended",
-            ChangeCause::ConfigChanged => "config-changed",
-            ChangeCause::RoutingChanged => "routing-changed",
-            ChangeCause::PriorityChanged => "priority-changed",
-            ChangeCause::EarlierResetObserved => "earlier-reset-observed",
-            ChangeCause::LaterResetObserved => "later-reset-observed",
-            ChangeCause::ResetPassed => "reset-passed",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ChangeCause> {
-        ChangeCause::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-}
+/// Causes of an availability change: the kit's, shared with every plugin.
+pub use pooler_plugin_kit::cause::ChangeCause;
 
 /// The availability answer (mirror of the WIT `availability` variant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,12 +283,5 @@ mod tests {
         assert_eq!(oauth.hint(), "oauth");
         assert!(!format!("{oauth:?}").contains("secret"));
         assert_eq!(Credential::ApiKey("ab".into()).hint(), "…ab");
-    }
-
-    #[test]
-    fn change_causes_round_trip_their_names() {
-        for cause in ChangeCause::ALL {
-            assert_eq!(ChangeCause::parse(cause.as_str()), Some(cause));
-        }
     }
 }

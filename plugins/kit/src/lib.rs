@@ -10,6 +10,7 @@
 //! `component::WitLog`, and the conversions between the WIT and the kit types, with the
 //! bindings of those interfaces for the plugin's own `generate!` to reuse.
 
+pub mod cause;
 pub mod db;
 pub mod format;
 pub mod log;

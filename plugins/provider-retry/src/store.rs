@@ -9,6 +9,7 @@ use pooler_plugin_kit::{Db, DbError, Row, Value};
 
 use crate::types::{
     Action, Availability, ChangeCause, FailureCategory, HistoryEntry, Provider, Timestamp, Trigger,
+    stored_cause,
 };
 
 /// How many history entries are kept per chain (spec §4).
@@ -412,7 +413,7 @@ pub fn add_history(db: &impl Db, chain_id: i64, entry: &HistoryEntry) -> Result<
 fn signal_causes(detail: &str) -> Vec<ChangeCause> {
     detail
         .split(',')
-        .filter_map(|piece| ChangeCause::parse(piece.trim()))
+        .filter_map(|piece| stored_cause(piece.trim()))
         .collect()
 }
 
@@ -507,7 +508,7 @@ pub fn set_meta_time(db: &impl Db, key: &str, at: Timestamp) -> Result<(), DbErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{BlockCause, UnavailableReason};
+    use crate::types::{BlockCause, UnavailableReason, cause_words};
     use pooler_plugin_kit::NativeDb;
 
     fn chain() -> Chain {
@@ -687,7 +688,7 @@ mod tests {
         assert_eq!(distinct.len(), ChangeCause::ALL.len());
         for c in ChangeCause::ALL {
             assert_eq!(ChangeCause::parse(c.name()), Some(c));
-            assert_eq!(ChangeCause::parse(c.words()), Some(c));
+            assert_eq!(stored_cause(cause_words(c)), Some(c));
         }
         assert_eq!(ChangeCause::parse(""), None);
         assert_eq!(ChangeCause::parse("Account-Enabled"), None);

@@ -138,89 +138,35 @@ impl Availability {
     }
 }
 
-/// What happened that may have changed the pool's availability.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeCause {
-    AccountAdded,
-    AccountEnabled,
-    AccountDisabled,
-    AccountRemoved,
-    ErrorCleared,
-    ErrorSet,
-    HoldEnded,
-    ConfigChanged,
-    RoutingChanged,
-    PriorityChanged,
-    EarlierResetObserved,
-    LaterResetObserved,
-    ResetPassed,
+/// What happened that may have changed the pool's availability: the kit's, shared with
+/// every plugin.
+pub use pooler_plugin_kit::cause::ChangeCause;
+
+/// The cause a stored piece of a signal's history stands for: its name, or its words (the
+/// history stored a signal's causes as their words, joined with ", ", before it stored
+/// names).
+pub fn stored_cause(s: &str) -> Option<ChangeCause> {
+    ChangeCause::parse(s).or_else(|| ChangeCause::ALL.into_iter().find(|c| cause_words(*c) == s))
 }
 
-impl ChangeCause {
-    /// Every cause, in the WIT's order.
-    pub const ALL: [ChangeCause; 13] = [
-        ChangeCause::AccountAdded,
-        ChangeCause::AccountEnabled,
-        ChangeCause::AccountDisabled,
-        ChangeCause::AccountRemoved,
-        ChangeCause::ErrorCleared,
-        ChangeCause::ErrorSet,
-        ChangeCause::HoldEnded,
-        ChangeCause::ConfigChanged,
-        ChangeCause::RoutingChanged,
-        ChangeCause::PriorityChanged,
-        ChangeCause::EarlierResetObserved,
-        ChangeCause::LaterResetObserved,
-        ChangeCause::ResetPassed,
-    ];
-
-    /// The cause's stable name, the WIT `change-cause` case's ("account-enabled"): how the
-    /// history stores a signal's causes.
-    pub fn name(self) -> &'static str {
-        match self {
-            ChangeCause::AccountAdded => "account-added",
-            ChangeCause::AccountEnabled => "account-enabled",
-            ChangeCause::AccountDisabled => "account-disabled",
-            ChangeCause::AccountRemoved => "account-removed",
-            ChangeCause::ErrorCleared => "error-cleared",
-            ChangeCause::ErrorSet => "error-set",
-            ChangeCause::HoldEnded => "hold-ended",
-            ChangeCause::ConfigChanged => "config-changed",
-            ChangeCause::RoutingChanged => "routing-changed",
-            ChangeCause::PriorityChanged => "priority-changed",
-            ChangeCause::EarlierResetObserved => "earlier-reset-observed",
-            ChangeCause::LaterResetObserved => "later-reset-observed",
-            ChangeCause::ResetPassed => "reset-passed",
-        }
-    }
-
-    /// The cause a stored name stands for. The cause's words are accepted too: the history
-    /// stored a signal's causes as their words (joined with ", ") before it stored names.
-    pub fn parse(s: &str) -> Option<ChangeCause> {
-        Self::ALL
-            .into_iter()
-            .find(|c| c.name() == s || c.words() == s)
-    }
-
-    /// The cause in words ("account enabled"): how the history stored a signal's causes
-    /// before it stored names, so [`ChangeCause::parse`] still reads them. The host puts the
-    /// WIT cause in the same words (`host/src/admin/retry.rs`).
-    pub fn words(self) -> &'static str {
-        match self {
-            ChangeCause::AccountAdded => "account added",
-            ChangeCause::AccountEnabled => "account enabled",
-            ChangeCause::AccountDisabled => "account disabled",
-            ChangeCause::AccountRemoved => "account removed",
-            ChangeCause::ErrorCleared => "account error cleared",
-            ChangeCause::ErrorSet => "account error",
-            ChangeCause::HoldEnded => "hold ended",
-            ChangeCause::ConfigChanged => "pool settings changed",
-            ChangeCause::RoutingChanged => "routing changed",
-            ChangeCause::PriorityChanged => "account priorities changed",
-            ChangeCause::EarlierResetObserved => "earlier reset observed",
-            ChangeCause::LaterResetObserved => "later reset observed",
-            ChangeCause::ResetPassed => "reset passed",
-        }
+/// The cause in words ("account enabled"): how the history stored a signal's causes
+/// before it stored names, so [`stored_cause`] still reads them. The host puts the
+/// WIT cause in the same words (`host/src/admin/retry.rs`).
+pub fn cause_words(cause: ChangeCause) -> &'static str {
+    match cause {
+        ChangeCause::AccountAdded => "account added",
+        ChangeCause::AccountEnabled => "account enabled",
+        ChangeCause::AccountDisabled => "account disabled",
+        ChangeCause::AccountRemoved => "account removed",
+        ChangeCause::ErrorCleared => "account error cleared",
+        ChangeCause::ErrorSet => "account error",
+        ChangeCause::HoldEnded => "hold ended",
+        ChangeCause::ConfigChanged => "pool settings changed",
+        ChangeCause::RoutingChanged => "routing changed",
+        ChangeCause::PriorityChanged => "account priorities changed",
+        ChangeCause::EarlierResetObserved => "earlier reset observed",
+        ChangeCause::LaterResetObserved => "later reset observed",
+        ChangeCause::ResetPassed => "reset passed",
     }
 }
 

@@ -26,7 +26,7 @@ impl<'a, D: Db> Store<'a, D> {
         self.db.execute(
             "INSERT OR IGNORE INTO pending_signals (provider, cause, seq, detected_at)
              VALUES (?1, ?2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM pending_signals), ?3)",
-            &[provider.as_str().into(), cause.as_str().into(), now.into()],
+            &[provider.as_str().into(), cause.name().into(), now.into()],
         )?;
         Ok(())
     }
