@@ -14,8 +14,8 @@
 // - both plugins (`imports` world): `sqlite` (the plugin's own databases: here sql.js, in
 //   memory for the host's life), `log` (lines tagged with the plugin's id), WASI clocks and
 //   random, and — only so Rust's std links — the rest of WASI's command imports (stdio,
-//   environment, exit, filesystem), which this host makes empty: no environment (it would
-//   leak the host's secrets), no preopened directory, plugin stdout goes to stderr.
+//   environment, exit), which this host keeps empty: no environment variables (they would
+//   leak the host's secrets), and a plugin's stdout goes to stderr (stdout is the report).
 // - the pool: `availability-listener` (queue and coalesce the signal, deliver it to every
 //   listener after the pool's call returned), `incoming-client` (whether the HTTP client
 //   left), and `wasi:http/outgoing-handler`, allowed only to the hosts of the pool's
@@ -55,6 +55,8 @@ upstream, feeds its outcome to the Provider Retry component, and prints JSON on 
   --build-dir DIR   where jco's output goes (default: build/ beside this file)
   -h, --help        this help
 
+The API key of the account to add is read from POOLER_EXAMPLE_API_KEY (never from argv).
+
 Exit codes: 0 the scenario ran, 1 it failed, 2 bad usage.`;
 
 function usage(message) {
@@ -84,6 +86,8 @@ if (args.help) {
 for (const name of ["pool", "retry", "upstream"]) if (!args[name]) usage(`--${name} is required`);
 if (!/^https?:\/\/[^/]+/.test(args.upstream)) usage("--upstream must be an absolute http(s) URL");
 if (args.now !== undefined && !/^\d+$/.test(args.now)) usage("--now must be unix milliseconds");
+const apiKey = process.env.POOLER_EXAMPLE_API_KEY;
+if (!apiKey) usage("set POOLER_EXAMPLE_API_KEY to the Claude API key of the account to add");
 const here = dirname(fileURLToPath(import.meta.url));
 const buildDir = args["build-dir"] ?? join(here, "build");
 const fixedNow = args.now === undefined ? undefined : Number(args.now);
@@ -289,11 +293,9 @@ const IMPORTS = [
       query: (q) => call(POOL, (i) => i.availability.query(q)),
       queryMany: (qs) => call(POOL, (i) => i.availability.queryMany(qs)) }) },
   { name: "pooler:plugins/threads", version: "0.1.0", provide: () => threads },
-  { name: "pooler:plugins/types", version: "0.1.0", provide: () => ({}) },
   { name: "wasi:clocks/wall-clock", version: WASI, provide: () => wallClock },
   { name: "wasi:clocks/monotonic-clock", version: WASI, provide: () => monotonicClock },
   { name: "wasi:random/random", version: WASI, provide: () => shim.random.random },
-  { name: "wasi:random/insecure", version: WASI, provide: () => shim.random.insecure },
   { name: "wasi:random/insecure-seed", version: WASI, provide: () => shim.random.insecureSeed },
   { name: "wasi:io/error", version: WASI, provide: () => shim.io.error },
   { name: "wasi:io/poll", version: WASI, provide: () => shim.io.poll },
@@ -310,8 +312,6 @@ const IMPORTS = [
   { name: "wasi:cli/terminal-stdin", version: WASI, provide: () => shim.cli.terminalStdin },
   { name: "wasi:cli/terminal-stdout", version: WASI, provide: () => shim.cli.terminalStdout },
   { name: "wasi:cli/terminal-stderr", version: WASI, provide: () => shim.cli.terminalStderr },
-  { name: "wasi:filesystem/types", version: WASI, provide: () => shim.filesystem.types },
-  { name: "wasi:filesystem/preopens", version: WASI, provide: () => ({ getDirectories: () => [] }) },
 ];
 function importsFor(plugin) {
   const table = {};
@@ -331,7 +331,13 @@ const plugins = {};
 const transpileMs = {};
 for (const [plugin, file] of [[POOL, args.pool], [RETRY, args.retry]]) {
   const started = performance.now();
-  const { files } = await transpile(readFileSync(file), { name: plugin, instantiation: "sync", quiet: true });
+  let files;
+  try {
+    ({ files } = await transpile(readFileSync(file), { name: plugin, instantiation: "sync", quiet: true }));
+  } catch (e) {
+    process.stderr.write(`error: could not transpile the ${plugin} component ${file}: ${e?.message ?? e}\n`);
+    process.exit(1);
+  }
   transpileMs[plugin] = Math.round(performance.now() - started);
   const out = join(buildDir, plugin);
   for (const [name, bytes] of Object.entries(files)) {
@@ -385,8 +391,6 @@ function deliverChanges() {
 const THREAD = "js-host-thread";
 const REQUEST = "js-host-request-1";
 const MODEL = "claude-sonnet-4-5";
-const apiKey = process.env.POOLER_EXAMPLE_API_KEY;
-if (!apiKey) usage("set POOLER_EXAMPLE_API_KEY to the Claude API key of the account to add");
 
 const json = (value) => JSON.stringify(value, (_, v) => (typeof v === "bigint" ? Number(v) : v));
 try {
