@@ -220,10 +220,16 @@ const outgoingHandler = {
 const pendingChanges = new Map();
 const delivered = [];
 const availabilityListener = {
+  // As the Rust host's `coalesce`: causes unioned in first-seen order, the newest `earliest`
+  // hint, the first detection time.
   availabilityChanged(change) {
     const queued = pendingChanges.get(change.provider);
-    if (!queued) pendingChanges.set(change.provider, { ...change, causes: [...change.causes] });
-    else for (const c of change.causes) if (!queued.causes.includes(c)) queued.causes.push(c);
+    if (!queued) pendingChanges.set(change.provider, { ...change, causes: [...new Set(change.causes)] });
+    else {
+      for (const c of change.causes) if (!queued.causes.includes(c)) queued.causes.push(c);
+      queued.earliest = change.earliest;
+      if (change.detectedAt < queued.detectedAt) queued.detectedAt = change.detectedAt;
+    }
   },
 };
 
@@ -277,6 +283,26 @@ function attempt(f) {
   }
 }
 
+// ---- availability: Provider Retry's questions, answered by a fresh pool instance ------------
+// A pool that traps is answered for, as the contract says, with `unavailable(source-unavailable)`
+// (its 5 s deadline is not enforced here: a synchronous call cannot be interrupted).
+const SOURCE_UNAVAILABLE = { tag: "unavailable", val: "source-unavailable" };
+function askPool(f, fallback) {
+  try {
+    return call(POOL, f);
+  } catch (e) {
+    process.stderr.write(`the pool could not answer an availability query: ${e?.message ?? e}\n`);
+    return fallback;
+  }
+}
+const availability = {
+  query: (q) => askPool((i) => i.availability.query(q), SOURCE_UNAVAILABLE),
+  queryMany(qs) {
+    const answers = askPool((i) => i.availability.queryMany(qs), []);
+    return answers.length === qs.length ? answers : qs.map(() => SOURCE_UNAVAILABLE);
+  },
+};
+
 // ---- the import table -------------------------------------------------------------------
 // One entry per import: its interface, version and the object that implements it for a
 // plugin. Adding an import (a new WIT interface) is one more entry here.
@@ -289,9 +315,7 @@ const IMPORTS = [
   // The client of a request never leaves here before its answer (the host reads it whole):
   // `subscribe-gone` is a pollable that does not become ready during a request.
   { name: "pooler:plugins/incoming-client", version: "0.1.0", provide: () => ({ gone: () => false, subscribeGone: never }) },
-  { name: "pooler:plugins/availability", version: "0.1.0", provide: () => ({
-      query: (q) => call(POOL, (i) => i.availability.query(q)),
-      queryMany: (qs) => call(POOL, (i) => i.availability.queryMany(qs)) }) },
+  { name: "pooler:plugins/availability", version: "0.1.0", provide: () => availability },
   { name: "pooler:plugins/threads", version: "0.1.0", provide: () => threads },
   { name: "wasi:clocks/wall-clock", version: WASI, provide: () => wallClock },
   { name: "wasi:clocks/monotonic-clock", version: WASI, provide: () => monotonicClock },
