@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // An example JavaScript host for the two Pooler plugins, on jco (https://github.com/bytecodealliance/jco).
 //
-// It does what the Rust host does for one request, in ~300 lines, to show what any host must
+// It does what the Rust host does for one request, in one file, to show what any host must
 // provide: it transpiles both components with jco, gives them their imports (the contract in
 // `wit/worlds.wit`), serves the pool's `wasi:http` incoming handler on 127.0.0.1, sends one
 // Claude Messages request through it and feeds the outcome to Provider Retry, wiring the two
