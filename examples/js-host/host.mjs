@@ -374,6 +374,8 @@ for (const [plugin, file] of [[POOL, args.pool], [RETRY, args.retry]]) {
   plugins[plugin] = () => generated.instantiate(core, importsFor(plugin));
 }
 
+const json = (value) => JSON.stringify(value, (_, v) => (typeof v === "bigint" ? Number(v) : v));
+
 // Run `f` on a fresh instance of `plugin`; once the outermost call has returned (a plugin's
 // call may call another plugin through an import), deliver the changes signalled meanwhile.
 let depth = 0;
@@ -401,8 +403,10 @@ function deliverChanges() {
           call(RETRY, (i) => i.availabilityListener.availabilityChanged(change));
           delivered.push(change);
         } catch (e) {
-          process.stderr.write(`availability-changed failed: ${JSON.stringify(e?.payload ?? String(e))}\n`);
-          if (!pendingChanges.has(provider)) pendingChanges.set(provider, change);
+          // A transient error or a trap: queue it again (coalesced with any newer change);
+          // `invalid-input` is final.
+          process.stderr.write(`availability-changed failed: ${json(e?.payload ?? String(e))}\n`);
+          if (e?.payload?.tag !== "invalid-input") availabilityListener.availabilityChanged(change);
         }
       }
     }
@@ -416,7 +420,6 @@ const THREAD = "js-host-thread";
 const REQUEST = "js-host-request-1";
 const MODEL = "claude-sonnet-4-5";
 
-const json = (value) => JSON.stringify(value, (_, v) => (typeof v === "bigint" ? Number(v) : v));
 try {
   // The pool forwards to --upstream; its outgoing calls may reach that host and its token hosts.
   call(POOL, (i) => i.settings.setSetting("claude-upstream-url", args.upstream));
@@ -480,6 +483,7 @@ try {
     availability,
     rows: threads.listRows(THREAD),
     signals: delivered,
+    undelivered: [...pendingChanges.values()],
   };
   process.stdout.write(`${json(result)}\n`, () => process.exit(0));
 } catch (e) {

@@ -164,6 +164,7 @@ async fn the_js_host_serves_a_429_through_the_pool_and_provider_retry_schedules_
             .is_some_and(|c| c.iter().any(|c| c == "account-added"))),
         "the account-added signal was delivered: {out:#}"
     );
+    assert_eq!(out["undelivered"], json!([]), "{out:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
