@@ -3,8 +3,10 @@
 //! 127.0.0.1 — Claude's authorize and token endpoints, Codex's device-code issuer, and an
 //! Anthropic upstream. Each sign-in failure (state mismatch, expired code, refused
 //! exchange, device code expired or denied) is a clear error with its exit code, and stores
-//! nothing. No secret is ever printed. Nothing waits for a timer: the fake issuer answers
-//! a polling interval of 0.
+//! nothing. An update's availability change reaches Provider Retry (a retry waiting an hour
+//! moves to now). No secret is ever printed. Nothing waits for a timer: the fake issuer
+//! answers a polling interval of 0, and the only polling is bounded and quick (for a turn
+//! to reach the retry plugin, for a moved retry to be sent).
 
 #![cfg(unix)]
 
@@ -110,10 +112,16 @@ fn serve(stream: TcpStream, record: &Mutex<Vec<Seen>>, handler: &Handler) {
     };
     record.lock().unwrap().push(seen.clone());
     let (status, answer) = handler(&seen);
+    // A 429 says when to come back: an hour from now.
+    let retry_after = if status == 429 {
+        "retry-after: 3600\r\n"
+    } else {
+        ""
+    };
     let mut stream = stream;
     let _ = write!(
         stream,
-        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{retry_after}content-length: {}\r\nconnection: close\r\n\r\n{answer}",
         answer.len()
     );
 }
@@ -787,6 +795,117 @@ fn account_update_replaces_a_key_in_place_and_clears_its_error() {
         "{err}"
     );
     assert_eq!(accounts(&served)[0]["secret_hint"], "…NEW2");
+}
+
+/// The availability change an update signals reaches Provider Retry: a retry waiting an
+/// hour for a rate-limited account moves to now once the account in error gets a working
+/// key, and the turn is then served with that key.
+#[test]
+fn account_update_signals_availability_so_a_waiting_retry_moves() {
+    let limit_work = Arc::new(AtomicBool::new(false));
+    let flag = limit_work.clone();
+    let upstream = Fake::start(move |seen| {
+        if let Some(refusal) = support::claude_refusal(
+            &seen.method,
+            &seen.path,
+            &seen.headers,
+            seen.body.as_bytes(),
+        ) {
+            let refusal = String::from_utf8_lossy(&refusal).into_owned();
+            let status = refusal.split_whitespace().nth(1).unwrap().parse().unwrap();
+            return (status, refusal.split_once("\r\n\r\n").unwrap().1.to_owned());
+        }
+        match seen.headers.get("x-api-key").map(String::as_str) {
+            Some(KEY_OLD) => (
+                401,
+                json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}).to_string(),
+            ),
+            Some(KEY_SPARE) if flag.load(Ordering::SeqCst) => (
+                429,
+                json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}).to_string(),
+            ),
+            _ => (
+                200,
+                r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#.into(),
+            ),
+        }
+    });
+    let served = Served::start()
+        .never_prints(KEY_OLD)
+        .never_prints(KEY_NEW)
+        .never_prints(KEY_SPARE);
+    served.ok(&["config", "set", "pool.claude-upstream-url", &upstream.url]);
+    // `revoked` is tried first and its key is refused: it falls into error.
+    let revoked = add_key(&served, KEY_OLD, "revoked", "0");
+    add_key(&served, KEY_SPARE, "limited", "1");
+    let token = open_route(&served, "probe", "claude");
+    assert_eq!(agent_request(&served, &token, "p-1"), 200);
+    assert_eq!(
+        served.json(&["account", "show", &revoked])["account"]["status"],
+        "error"
+    );
+
+    // The other account is rate limited for an hour: the thread's turn fails and Provider
+    // Retry schedules it for then.
+    limit_work.store(true, Ordering::SeqCst);
+    let thread = served.ok(&["thread", "new", "--provider", "claude", "hello"]);
+    let thread = thread.trim().to_owned();
+    let started = std::time::Instant::now();
+    let send_at = loop {
+        let status = served.json(&["retry", "status"]);
+        if let Some(c) = status["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["thread"] == thread.as_str() && c["send_at"].is_u64())
+        {
+            break c["send_at"].as_u64().unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no retry: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        send_at > support_now() + 3_000_000,
+        "about an hour ahead: {send_at}"
+    );
+
+    // A working key for the account in error: the pool signals, Provider Retry moves the
+    // retry to now, and the turn is served with the new key.
+    let out = served.pooler_with(
+        &["account", "update", &revoked, "--api-key", "-"],
+        &[],
+        Some(KEY_NEW),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let started = std::time::Instant::now();
+    loop {
+        let explained = served.json(&["retry", "explain", &thread]);
+        let moved = explained["chains"][0]["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| {
+                e["trigger"]["kind"] == "signal"
+                    && e["trigger"]["causes"]
+                        .as_str()
+                        .is_some_and(|c| c.contains("account error cleared"))
+            });
+        let served_new = upstream
+            .seen()
+            .iter()
+            .any(|s| s.headers.get("x-api-key").map(String::as_str) == Some(KEY_NEW));
+        if moved && served_new {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the retry did not move after the update: {explained}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
