@@ -139,6 +139,15 @@ pub struct RouteView {
     pub opened_at: u64,
 }
 
+/// An open route as `GET /routes` lists it: no token (the pool keeps only its hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteSummaryView {
+    pub thread: String,
+    pub provider: ProviderName,
+    /// When the route was (last) opened.
+    pub opened_at: u64,
+}
+
 /// One environment variable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvVar {
@@ -163,6 +172,22 @@ pub struct SessionView {
     pub why: String,
     /// The latest attempts, newest last.
     pub recent: Vec<AttemptView>,
+}
+
+/// A pinned session as `GET /sessions` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSummaryView {
+    pub provider: ProviderName,
+    /// The session key as the pool stores it (what `session explain` takes).
+    pub key: String,
+    /// The account it is pinned on.
+    pub account: String,
+    /// The thread whose route made the pin, when known.
+    pub thread: Option<String>,
+    pub last_used_at: u64,
+    pub expires_at: u64,
+    /// The first request of the session is still in flight.
+    pub provisional: bool,
 }
 
 /// One upstream attempt of a session.

@@ -12,6 +12,7 @@
 //! | `POST /accounts/{id}/disable`        |                                             | `{"account": …}` |
 //! | `POST /accounts/{id}/refresh`        |                                             | `{"account": …}` |
 //! | `PUT /accounts/{id}/priority`        | `{priority}`                                | `{"account": …}` |
+//! | `PUT /accounts/{id}/credential`      | `{credential}`                              | `{"account": …}` (same id, label, priority, order, pins; error cleared) |
 //!
 //! `credential` is `{"api_key": "…"}` (Claude) or `{"oauth": {"access_token", "refresh_token",
 //! "expires_at"?, "chatgpt_account_id"?}}` (`expires_at` in epoch ms; the account id is
@@ -98,10 +99,9 @@ fn refused(e: AccountsError) -> ApiError {
         AccountsError::InvalidLabel(why) => {
             ApiError::bad_request("invalid-label", format!("invalid label: {why}"))
         }
-        AccountsError::InvalidOrder(why) => ApiError::bad_request(
-            "invalid-order",
-            format!("cannot reorder: {why}"),
-        ),
+        AccountsError::InvalidOrder(why) => {
+            ApiError::bad_request("invalid-order", format!("cannot reorder: {why}"))
+        }
         AccountsError::RefreshRefused(why) => ApiError::new(
             hyper::StatusCode::BAD_GATEWAY,
             "refresh-refused",
@@ -126,10 +126,9 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
         ("POST", ["reorder"]) => reorder(admin, req).await,
         ("GET", [id]) => show(admin, id).await,
         ("DELETE", [id]) => remove(admin, id).await,
-        ("POST", [id, action @ ("enable" | "disable" | "refresh")]) => {
-            act(admin, id, action).await
-        }
+        ("POST", [id, action @ ("enable" | "disable" | "refresh")]) => act(admin, id, action).await,
         ("PUT", [id, "priority"]) => priority(admin, req, id).await,
+        ("PUT", [id, "credential"]) => update_credential(admin, req, id).await,
         _ => Err(ApiError::no_endpoint(req)),
     }
 }
@@ -168,7 +167,7 @@ async fn show(admin: &Admin, id: &str) -> Result<Reply, ApiError> {
     }
 }
 
-/// The `credential` object of an add request.
+/// The `credential` object of an add or update request.
 fn credential(fields: &mut Fields) -> Result<Credential, ApiError> {
     let Some(mut credential) = fields.object("credential")? else {
         return Err(ApiError::bad_request(
@@ -305,6 +304,24 @@ async fn priority(admin: &Admin, req: &AdminRequest, id: &str) -> Result<Reply, 
             Box::pin(async move {
                 pool.pooler_plugins_accounts()
                     .call_set_priority(store, &id, priority)
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)?;
+    Reply::ok(one(account))
+}
+
+async fn update_credential(admin: &Admin, req: &AdminRequest, id: &str) -> Result<Reply, ApiError> {
+    let mut fields = req.fields()?;
+    let credential = credential(&mut fields)?;
+    fields.finish()?;
+    let id = id.to_owned();
+    let account = admin
+        .pool("accounts.update-credential", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_accounts()
+                    .call_update_credential(store, &id, &credential)
                     .await
             })
         })

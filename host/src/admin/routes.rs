@@ -4,6 +4,7 @@
 //! | method and path                   | body                 | answer |
 //! |-----------------------------------|----------------------|--------|
 //! | `POST /routes`                    | `{thread, provider}` | 201 `{"route": …}` (holds the token: shown once) |
+//! | `GET /routes[?provider=P]`        |                      | `{"routes": [{thread, provider, opened_at}…]}` (no token) |
 //! | `GET /routes/{provider}/{thread}` |                      | `{"thread", "provider", "open": bool}` |
 //! | `DELETE /routes/{provider}/{thread}` |                   | `{"closed": true, "thread", "provider"}` |
 //!
@@ -11,9 +12,19 @@
 //! opened_at}`. The token is the agent's secret: it is only ever in the answer to `POST`.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::pool::exports::pooler::plugins::routing::{Route, RoutingError};
+use crate::bindings::pool::exports::pooler::plugins::routing::{Route, RouteSummary, RoutingError};
 use crate::bindings::types::Provider;
-use crate::wire::{EnvVar, ProviderName, RouteView};
+use crate::wire::{EnvVar, ProviderName, RouteSummaryView, RouteView};
+
+impl From<RouteSummary> for RouteSummaryView {
+    fn from(r: RouteSummary) -> Self {
+        RouteSummaryView {
+            thread: r.thread,
+            provider: r.provider.into(),
+            opened_at: r.opened_at,
+        }
+    }
+}
 
 impl From<Route> for RouteView {
     fn from(r: Route) -> Self {
@@ -64,6 +75,7 @@ pub(super) fn refused(e: RoutingError, thread: &str, provider: Provider) -> ApiE
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {
         ("POST", []) => open(admin, req).await,
+        ("GET", []) => list(admin, req).await,
         ("GET", [provider, thread]) => {
             let provider = super::path_provider(provider)?;
             let target = thread.to_string();
@@ -123,4 +135,23 @@ async fn open(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
         .await?
         .map_err(|e| refused(e, &thread, provider))?;
     Reply::created(serde_json::json!({ "route": RouteView::from(route) }))
+}
+
+async fn list(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    let provider = req
+        .query("provider")
+        .map(super::path_provider)
+        .transpose()?;
+    let routes = admin
+        .pool("routing.list-routes", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_routing()
+                    .call_list_routes(store, provider)
+                    .await
+            })
+        })
+        .await?
+        .map_err(|e| refused(e, "", provider.unwrap_or(Provider::Claude)))?;
+    let routes: Vec<RouteSummaryView> = routes.into_iter().map(RouteSummaryView::from).collect();
+    Reply::ok(serde_json::json!({ "routes": routes }))
 }

@@ -4,15 +4,31 @@
 //! | method and path                       | answer |
 //! |---------------------------------------|--------|
 //! | `GET /sessions/{provider}/{session}`  | `{"session": {provider, key, account, thread, last_used_at, expires_at, why, recent: [attempt…]}}` |
+//! | `GET /sessions[?thread=T&provider=P]` | `{"sessions": [{provider, key, account, thread, last_used_at, expires_at, provisional}…]}`, most recently used first |
 //!
 //! `session` is a raw session id or a stored key (`session:<id>`, `cache:<key>`),
 //! percent-encoded. A session with no pin is not an error: `account` is null and `why` says so.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::pool::exports::pooler::plugins::routing::{
-    AttemptOutcome, AttemptRecord, SessionExplanation,
+    AttemptOutcome, AttemptRecord, SessionExplanation, SessionSummary,
 };
-use crate::wire::{AttemptView, SessionView};
+use crate::bindings::types::Provider;
+use crate::wire::{AttemptView, SessionSummaryView, SessionView};
+
+impl From<SessionSummary> for SessionSummaryView {
+    fn from(s: SessionSummary) -> Self {
+        SessionSummaryView {
+            provider: s.provider.into(),
+            key: s.key,
+            account: s.account,
+            thread: s.thread,
+            last_used_at: s.last_used_at,
+            expires_at: s.expires_at,
+            provisional: s.provisional,
+        }
+    }
+}
 
 impl From<SessionExplanation> for SessionView {
     fn from(s: SessionExplanation) -> Self {
@@ -57,6 +73,7 @@ fn outcome_word(o: AttemptOutcome) -> &'static str {
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {
+        ("GET", []) => list(admin, req).await,
         ("GET", [provider, session]) => {
             let provider = super::path_provider(provider)?;
             let target = session.to_string();
@@ -74,6 +91,34 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
         }
         _ => Err(ApiError::no_endpoint(req)),
     }
+}
+
+async fn list(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    let provider = req
+        .query("provider")
+        .map(super::path_provider)
+        .transpose()?;
+    let thread = req.query("thread").map(str::to_owned);
+    let target = thread.clone();
+    let sessions = admin
+        .pool("routing.list-sessions", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_routing()
+                    .call_list_sessions(store, target.as_ref(), provider)
+                    .await
+            })
+        })
+        .await?
+        .map_err(|e| {
+            super::routes::refused(
+                e,
+                thread.as_deref().unwrap_or(""),
+                provider.unwrap_or(Provider::Claude),
+            )
+        })?;
+    let sessions: Vec<SessionSummaryView> =
+        sessions.into_iter().map(SessionSummaryView::from).collect();
+    Reply::ok(serde_json::json!({ "sessions": sessions }))
 }
 
 #[cfg(test)]

@@ -11,14 +11,19 @@ use serde_json::{Map, Value, json};
 use super::UsageError;
 use super::client::{ClientArgs, field};
 use super::format::{now_ms, relative, table, when};
+use super::login;
 use crate::wire::{AccountView, ProviderName, percent_encode};
 
-/// Manage the pool's accounts: add, import, list, enable, disable, remove, refresh, order.
+/// Manage the pool's accounts: add, sign in, import, update, list, enable, disable, remove,
+/// refresh, order.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
     pooler account add --provider claude --api-key -          # paste the key, then Ctrl-D\n  \
     POOLER_API_KEY=sk-ant-... pooler account add --provider claude --label work\n  \
+    pooler account login --provider claude --label max        # sign in in a browser\n  \
+    pooler account login --provider codex                     # device code, no browser here\n  \
     pooler account import --provider codex                    # ~/.codex/auth.json\n  \
+    pooler account update 01J9Z... --api-key -                # a new key, same account\n  \
     pooler account list --provider claude\n  \
     pooler account disable 01J9Z...\n  \
     pooler account reorder --provider claude B-ID A-ID C-ID")]
@@ -35,6 +40,15 @@ enum AccountCommand {
     Add(AddArgs),
     /// Add an account from a Claude Code or Codex CLI login file.
     Import(ImportArgs),
+    /// Sign in to a Claude or Codex subscription here, without the provider's CLI, and add
+    /// the account (or, with --replace, give an existing account the new tokens).
+    Login(LoginArgs),
+    /// Replace an account's credential in place: a new API key or new OAuth tokens.
+    ///
+    /// The account keeps its id, label, priority, order and the conversations pinned to it;
+    /// its error (and a hold after a refused token, and the sign-in flag) clears, and the
+    /// pool tells Provider Retry its availability changed.
+    Update(UpdateArgs),
     /// List accounts in selection order: status, utilization, resets, holds, errors.
     List {
         /// Only this provider's accounts.
@@ -134,6 +148,77 @@ struct ImportArgs {
     priority: Option<i32>,
 }
 
+#[derive(Debug, clap::Args)]
+#[command(
+    group(ArgGroup::new("credential").required(true).args(["api_key", "oauth_file"])),
+    after_help = "Examples:\n  \
+        pooler account update 01J9Z... --api-key -        # paste the new key, then Ctrl-D\n  \
+        pooler account update 01J9Z... --oauth-file tokens.json\n\n\
+        An API key is only for a Claude account. The OAuth file is the JSON `account add \
+        --oauth-file` takes. To sign an OAuth account in again, use \
+        `pooler account login --provider P --replace ID`."
+)]
+struct UpdateArgs {
+    /// The account (`pooler account list` shows the ids).
+    id: String,
+    /// The new Anthropic API key (Claude only); `-` reads it from standard input.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "POOLER_API_KEY",
+        hide_env_values = true,
+        value_parser = secret
+    )]
+    api_key: Option<Secret>,
+    /// A JSON file with the new OAuth credentials.
+    #[arg(long, value_name = "FILE")]
+    oauth_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Claude: open the printed URL in any browser, sign in, and paste back the \
+    code the page shows (CODE#STATE; the whole callback URL works too).\n\
+    Codex: open the printed page, sign in and enter the printed one-time code; this command \
+    waits (up to 15 minutes) and then stores the account.\n\n\
+    The tokens go straight to the running server; nothing secret is printed. The endpoints \
+    default to the providers' own (claude.ai, console.anthropic.com, auth.openai.com); the \
+    flags below exist for testing and for proxies.\n\n\
+    Examples:\n  \
+    pooler account login --provider claude --label max --priority -1\n  \
+    pooler account login --provider codex --replace 01J9Z..."
+)]
+struct LoginArgs {
+    /// The provider: claude (authorization code with PKCE) or codex (device code).
+    #[arg(long)]
+    provider: ProviderName,
+    /// A label for people (default: "Claude account", "Codex account").
+    #[arg(long, conflicts_with = "replace")]
+    label: Option<String>,
+    /// Lower is tried first; ties keep the order added (default 0).
+    #[arg(long, allow_negative_numbers = true, conflicts_with = "replace")]
+    priority: Option<i32>,
+    /// Give this existing account the new tokens instead of adding one (it keeps its id,
+    /// label, priority, order and pins).
+    #[arg(long, value_name = "ID")]
+    replace: Option<String>,
+    /// Claude's authorize URL.
+    #[arg(long, value_name = "URL", env = "POOLER_CLAUDE_AUTHORIZE_URL", default_value = login::CLAUDE_AUTHORIZE_URL)]
+    authorize_url: String,
+    /// Claude's token URL.
+    #[arg(long, value_name = "URL", env = "POOLER_CLAUDE_TOKEN_URL", default_value = login::CLAUDE_TOKEN_URL)]
+    token_url: String,
+    /// Claude's redirect URI (the page that shows the code to paste).
+    #[arg(long, value_name = "URL", env = "POOLER_CLAUDE_REDIRECT_URI", default_value = login::CLAUDE_REDIRECT_URI)]
+    redirect_uri: String,
+    /// Codex's OAuth issuer (device code, verification page and token endpoints hang off it).
+    #[arg(long, value_name = "URL", env = "POOLER_CODEX_ISSUER", default_value = login::CODEX_ISSUER)]
+    issuer: String,
+    /// How long to wait for a Codex device code to be entered, in seconds (tests).
+    #[arg(long, hide = true, env = "POOLER_CODEX_DEVICE_TIMEOUT_SECS", default_value_t = login::DEVICE_CODE_LIFETIME.as_secs())]
+    device_timeout_secs: u64,
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     match args.command {
@@ -164,6 +249,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             out.print(&answer, || {
                 let account: AccountView = field(&answer, "account")?;
                 println!("imported {} from {}", summary(&account), path.display());
+                Ok(())
+            })
+        }
+        AccountCommand::Login(args) => sign_in(out, args).await,
+        AccountCommand::Update(update) => {
+            let credential = read_credential(update.api_key, update.oauth_file)?;
+            let answer = out
+                .connect()?
+                .put(
+                    &format!("accounts/{}/credential", percent_encode(&update.id)),
+                    &json!({ "credential": credential }),
+                )
+                .await?;
+            out.print(&answer, || {
+                let account: AccountView = field(&answer, "account")?;
+                println!("updated {}", summary(&account));
                 Ok(())
             })
         }
@@ -257,7 +358,19 @@ async fn act(out: &ClientArgs, id: &str, action: &str, done: &str) -> anyhow::Re
 
 /// The body of `POST /accounts`, with the secret read from where the flags say.
 fn add_body(add: AddArgs) -> anyhow::Result<Value> {
-    let credential = match (add.api_key, add.oauth_file) {
+    let credential = read_credential(add.api_key, add.oauth_file)?;
+    Ok(json!({
+        "provider": add.provider,
+        "credential": credential,
+        "label": add.label,
+        "priority": add.priority,
+    }))
+}
+
+/// The admin API's `credential` object from `--api-key` (`-`: standard input) or
+/// `--oauth-file`.
+fn read_credential(api_key: Option<Secret>, oauth_path: Option<PathBuf>) -> anyhow::Result<Value> {
+    Ok(match (api_key, oauth_path) {
         (Some(Secret(key)), None) => {
             let key = if key == "-" {
                 let mut text = String::new();
@@ -277,18 +390,87 @@ fn add_body(add: AddArgs) -> anyhow::Result<Value> {
         (None, Some(path)) => json!({ "oauth": oauth_file(&path)? }),
         // clap's group makes exactly one of them present.
         _ => {
-            return Err(UsageError(
-                "give exactly one of --api-key and --oauth-file".to_owned(),
+            return Err(
+                UsageError("give exactly one of --api-key and --oauth-file".to_owned()).into(),
+            );
+        }
+    })
+}
+
+/// `account login`: run the provider's sign-in here, then add (or, with `--replace`, update)
+/// the account through the admin API. The server is found first, so a sign-in is never
+/// wasted on a server that is not there.
+async fn sign_in(out: &ClientArgs, args: LoginArgs) -> anyhow::Result<()> {
+    let client = out.connect()?;
+    let http = login::OAuthHttp::new();
+    let tokens = match args.provider {
+        ProviderName::Claude => {
+            let sign_in = login::ClaudeSignIn::start(login::ClaudeEndpoints {
+                authorize_url: args.authorize_url,
+                token_url: args.token_url,
+                redirect_uri: args.redirect_uri,
+                ..login::ClaudeEndpoints::default()
+            })?;
+            eprintln!(
+                "Open this URL in a browser, sign in to Claude, and paste the code the page \
+                 shows (CODE#STATE):\n\n  {}\n",
+                sign_in.authorize_url()
+            );
+            eprint!("Code: ");
+            let pasted = tokio::task::spawn_blocking(|| {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).map(|_| line)
+            })
+            .await
+            .context("cannot read the pasted code")?
+            .context("cannot read the pasted code from standard input")?;
+            if pasted.trim().is_empty() {
+                return Err(UsageError("no code was pasted; nothing was stored".to_owned()).into());
+            }
+            sign_in.finish(&http, &pasted, now_ms()).await?
+        }
+        ProviderName::Codex => {
+            login::codex_device_login(
+                &http,
+                &login::CodexEndpoints {
+                    issuer: args.issuer,
+                    lifetime: std::time::Duration::from_secs(args.device_timeout_secs),
+                    ..login::CodexEndpoints::default()
+                },
             )
-            .into());
+            .await?
         }
     };
-    Ok(json!({
-        "provider": add.provider,
-        "credential": credential,
-        "label": add.label,
-        "priority": add.priority,
-    }))
+    let (answer, done) = match &args.replace {
+        Some(id) => (
+            client
+                .put(
+                    &format!("accounts/{}/credential", percent_encode(id)),
+                    &json!({ "credential": tokens.credential() }),
+                )
+                .await?,
+            "signed in again:",
+        ),
+        None => (
+            client
+                .post(
+                    "accounts",
+                    &json!({
+                        "provider": args.provider,
+                        "credential": tokens.credential(),
+                        "label": args.label,
+                        "priority": args.priority,
+                    }),
+                )
+                .await?,
+            "signed in and added",
+        ),
+    };
+    out.print(&answer, || {
+        let account: AccountView = field(&answer, "account")?;
+        println!("{done} {}", summary(&account));
+        Ok(())
+    })
 }
 
 /// Read an OAuth credentials file into the API's `oauth` object (camelCase names accepted).

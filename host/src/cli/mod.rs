@@ -23,6 +23,7 @@ use clap::{Parser, Subcommand};
 pub mod client;
 pub mod explain;
 mod format;
+pub mod login;
 mod serve;
 
 pub use serve::ServeArgs;

@@ -1,5 +1,5 @@
-//! `pooler route open|close`: a thread's route through the pool (admin API
-//! `/_pooler/routes…`). `open` prints the environment an agent needs as `KEY=VALUE` lines
+//! `pooler route open|close|list`: a thread's route through the pool (admin API
+//! `/_pooler/routes…`). `list` shows the open routes, never a token. `open` prints the environment an agent needs as `KEY=VALUE` lines
 //! (Codex CLI's flags and `config.toml` lines follow as `#` comments), so a shell can `eval`
 //! it. The token is shown once, by `open`; opening again replaces it.
 
@@ -7,15 +7,16 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::client::{ClientArgs, field};
-use super::format::shell_quote;
-use crate::wire::{ProviderName, RouteView, percent_encode};
+use super::format::{iso, now_ms, relative, shell_quote, table};
+use crate::wire::{ProviderName, RouteSummaryView, RouteView, percent_encode};
 
-/// Open and close the route a thread's agent reaches the pool through.
+/// Open, list and close the routes threads' agents reach the pool through.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
     eval \"$(pooler route open --thread my-thread --provider claude --export)\" && claude\n  \
     pooler route open --thread t1 --provider codex > t1.env\n  \
-    pooler route close --thread my-thread --provider claude\n\n\
+    pooler route close --thread my-thread --provider claude\n  \
+    pooler route list --provider codex\n\n\
     The printed token is a secret: anyone holding it can spend the pool's accounts until the \
     route is closed.")]
 pub struct Args {
@@ -38,6 +39,13 @@ enum RouteCommand {
         /// Prefix each line with `export ` (for `eval` in a POSIX shell).
         #[arg(long)]
         export: bool,
+    },
+    /// List the open routes: thread, provider, when opened (never a token: it was shown
+    /// once, by `open`).
+    List {
+        /// Only this provider's routes.
+        #[arg(long)]
+        provider: Option<ProviderName>,
     },
     /// Close a thread's route: its token stops working at once.
     Close {
@@ -65,6 +73,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             out.print(&answer, || {
                 let route: RouteView = field(&answer, "route")?;
                 print!("{}", env_lines(&route, export));
+                Ok(())
+            })
+        }
+        RouteCommand::List { provider } => {
+            let path = match provider {
+                Some(p) => format!("routes?provider={p}"),
+                None => "routes".to_owned(),
+            };
+            let answer = out.connect()?.get(&path).await?;
+            out.print(&answer, || {
+                let routes: Vec<RouteSummaryView> = field(&answer, "routes")?;
+                print!("{}", route_table(&routes, now_ms()));
                 Ok(())
             })
         }
@@ -99,6 +119,25 @@ fn env_lines(route: &RouteView, export: bool) -> String {
         }
     }
     out
+}
+
+/// The open routes as a table (or a line saying there are none).
+fn route_table(routes: &[RouteSummaryView], now: u64) -> String {
+    if routes.is_empty() {
+        return "no open routes (open one with `pooler route open`)\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = routes
+        .iter()
+        .map(|r| {
+            vec![
+                r.thread.clone(),
+                r.provider.to_string(),
+                iso(r.opened_at),
+                relative(r.opened_at, now),
+            ]
+        })
+        .collect();
+    format!("{}\n", table(&["THREAD", "PROVIDER", "OPENED", ""], &rows))
 }
 
 #[cfg(test)]

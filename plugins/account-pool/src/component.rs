@@ -319,6 +319,47 @@ impl routing::Guest for Component {
         .unwrap_or(false)
     }
 
+    fn list_routes(
+        provider: Option<types::Provider>,
+    ) -> Result<Vec<routing::RouteSummary>, routing::RoutingError> {
+        with_admin(routing::RoutingError::Storage, |a| {
+            let routes = a
+                .list_routes(provider.map(provider_in))
+                .map_err(routing_error)?;
+            Ok(routes
+                .into_iter()
+                .map(|r| routing::RouteSummary {
+                    thread: r.thread,
+                    provider: provider_out(r.provider),
+                    opened_at: r.opened_at,
+                })
+                .collect())
+        })
+    }
+
+    fn list_sessions(
+        thread: Option<String>,
+        provider: Option<types::Provider>,
+    ) -> Result<Vec<routing::SessionSummary>, routing::RoutingError> {
+        with_admin(routing::RoutingError::Storage, |a| {
+            let sessions = a
+                .list_sessions(thread.as_deref(), provider.map(provider_in))
+                .map_err(routing_error)?;
+            Ok(sessions
+                .into_iter()
+                .map(|s| routing::SessionSummary {
+                    provider: provider_out(s.provider),
+                    key: s.key,
+                    account: s.account,
+                    thread: s.thread,
+                    last_used_at: s.last_used_at,
+                    expires_at: s.expires_at,
+                    provisional: s.provisional,
+                })
+                .collect())
+        })
+    }
+
     fn explain_session(
         provider: types::Provider,
         session: String,

@@ -141,18 +141,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E
             label,
             priority,
         } = new;
-        match &credential {
-            Credential::ApiKey(_) if provider != Provider::Claude => {
-                return Err(AccountsError::ApiKeyNotSupported(provider));
-            }
-            Credential::ApiKey(k) if k.trim().is_empty() || k.chars().any(char::is_control) => {
-                return Err(AccountsError::InvalidCredential(
-                    "api-key is empty or contains control characters".into(),
-                ));
-            }
-            Credential::OAuth(t) => validate_oauth(provider, t)?,
-            Credential::ApiKey(_) => {}
-        }
+        validate_credential(provider, &credential)?;
         let label = match label {
             Some(l) if l.trim().is_empty() || l.chars().count() > 200 => {
                 return Err(AccountsError::InvalidLabel(
@@ -177,6 +166,30 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E
         )?;
         self.signal(provider, ChangeCause::AccountAdded)?;
         self.account_info(&id)
+    }
+
+    /// Replace an account's credential in place: id, label, priority, order, enabled flag,
+    /// windows and pins stay; the error, a token hold, the sign-in flag and the refresh
+    /// backoff clear. Signals `error-cleared` (and `hold-ended` when a hold was cleared).
+    pub fn update_credential(
+        &self,
+        id: &str,
+        credential: Credential,
+    ) -> Result<AccountInfo, AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        validate_credential(a.provider, &credential)?;
+        let hold_cleared = self
+            .store
+            .replace_credential(id, &credential)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        self.signal(a.provider, ChangeCause::ErrorCleared)?;
+        if hold_cleared {
+            self.signal(a.provider, ChangeCause::HoldEnded)?;
+        }
+        self.account_info(id)
     }
 
     /// Add an account from a Claude Code or Codex CLI login file's contents.
@@ -344,6 +357,22 @@ fn join(ids: &[&String]) -> String {
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Whether `provider` can take `credential` and it is well formed (never names a value).
+fn validate_credential(provider: Provider, credential: &Credential) -> Result<(), AccountsError> {
+    match credential {
+        Credential::ApiKey(_) if provider != Provider::Claude => {
+            Err(AccountsError::ApiKeyNotSupported(provider))
+        }
+        Credential::ApiKey(k) if k.trim().is_empty() || k.chars().any(char::is_control) => {
+            Err(AccountsError::InvalidCredential(
+                "api-key is empty or contains control characters".into(),
+            ))
+        }
+        Credential::OAuth(t) => validate_oauth(provider, t),
+        Credential::ApiKey(_) => Ok(()),
+    }
 }
 
 fn validate_oauth(provider: Provider, t: &OAuthTokens) -> Result<(), AccountsError> {

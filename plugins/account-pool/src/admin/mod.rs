@@ -21,7 +21,10 @@ mod settings;
 
 pub use accounts::{AccountInfo, AccountsError, NewAccount, WindowInfo};
 pub use availability::Change;
-pub use routing::{AttemptRecord, CODEX_TOKEN_VAR, Route, RoutingError, SessionExplanation};
+pub use routing::{
+    AttemptRecord, CODEX_TOKEN_VAR, Route, RouteSummary, RoutingError, SessionExplanation,
+    SessionSummary,
+};
 pub use settings::{SettingInfo, SettingsError};
 
 use crate::engine::{Cancel, Clock, Engine, Log, Random, Upstream};

@@ -51,6 +51,26 @@ pub struct SessionExplanation {
     pub recent: Vec<AttemptRecord>,
 }
 
+/// An open route without its secret (mirror of the WIT `route-summary`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSummary {
+    pub thread: String,
+    pub provider: Provider,
+    pub opened_at: u64,
+}
+
+/// A pinned session (mirror of the WIT `session-summary`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub provider: Provider,
+    pub key: String,
+    pub account: String,
+    pub thread: Option<String>,
+    pub last_used_at: u64,
+    pub expires_at: u64,
+    pub provisional: bool,
+}
+
 /// One recorded attempt of a session (mirror of the WIT `attempt-record`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptRecord {
@@ -170,6 +190,55 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E
 
     pub fn has_route(&self, thread: &str, provider: Provider) -> Result<bool, DbError> {
         self.store.has_route(thread, provider)
+    }
+
+    /// The open routes, of one provider or all, by thread then provider. No token.
+    pub fn list_routes(
+        &self,
+        provider: Option<Provider>,
+    ) -> Result<Vec<RouteSummary>, RoutingError> {
+        Ok(self
+            .store
+            .routes(provider)?
+            .into_iter()
+            .map(|(thread, provider, opened_at)| RouteSummary {
+                thread,
+                provider,
+                opened_at,
+            })
+            .collect())
+    }
+
+    /// The sessions with a fresh pin, of one thread and/or provider, most recently used
+    /// first.
+    pub fn list_sessions(
+        &self,
+        thread: Option<&str>,
+        provider: Option<Provider>,
+    ) -> Result<Vec<SessionSummary>, RoutingError> {
+        if let Some(t) = thread
+            && !valid_thread(t)
+        {
+            return Err(RoutingError::InvalidThread(
+                "a thread id must be 1 to 128 characters without control characters".into(),
+            ));
+        }
+        let now = self.env.now();
+        let lifetime = self.store.settings()?.pin_lifetime_ms;
+        Ok(self
+            .store
+            .pins(thread, provider, now, lifetime)?
+            .into_iter()
+            .map(|(provider, key, pin)| SessionSummary {
+                provider,
+                key,
+                account: pin.account,
+                thread: pin.thread,
+                last_used_at: pin.last_used_at,
+                expires_at: pin.last_used_at + lifetime,
+                provisional: pin.provisional,
+            })
+            .collect())
     }
 
     /// Where a session is pinned and why, with its latest attempts.

@@ -65,19 +65,23 @@ fn accounts_error(e: admin::AccountsError) -> accounts::AccountsError {
     }
 }
 
+fn credential_in(c: accounts::Credential) -> model::Credential {
+    match c {
+        accounts::Credential::ApiKey(k) => model::Credential::ApiKey(k),
+        accounts::Credential::Oauth(o) => model::Credential::OAuth(model::OAuthTokens {
+            access_token: o.access_token,
+            refresh_token: o.refresh_token,
+            expires_at: o.expires_at,
+            chatgpt_account_id: o.chatgpt_account_id,
+        }),
+    }
+}
+
 impl accounts::Guest for Component {
     fn add(
         account: accounts::NewAccount,
     ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
-        let credential = match account.credential {
-            accounts::Credential::ApiKey(k) => model::Credential::ApiKey(k),
-            accounts::Credential::Oauth(o) => model::Credential::OAuth(model::OAuthTokens {
-                access_token: o.access_token,
-                refresh_token: o.refresh_token,
-                expires_at: o.expires_at,
-                chatgpt_account_id: o.chatgpt_account_id,
-            }),
-        };
+        let credential = credential_in(account.credential);
         let new = NewAccount {
             provider: provider_in(account.provider),
             credential,
@@ -138,6 +142,18 @@ impl accounts::Guest for Component {
         with_admin(accounts::AccountsError::Storage, |a| {
             a.reorder(provider_in(provider), &ids)
                 .map(|l| l.into_iter().map(account_out).collect())
+                .map_err(accounts_error)
+        })
+    }
+
+    fn update_credential(
+        id: String,
+        credential: accounts::Credential,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        let credential = credential_in(credential);
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.update_credential(&id, credential)
+                .map(account_out)
                 .map_err(accounts_error)
         })
     }

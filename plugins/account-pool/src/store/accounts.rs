@@ -245,6 +245,44 @@ impl<'a, D: Db> Store<'a, D> {
         })
     }
 
+    /// Replace an account's credential in place (its kind follows the credential), and
+    /// clear what the old credential caused: the error, a token hold, the sign-in flag and
+    /// the refresh backoff. Everything else (label, priority, order, enabled, windows,
+    /// pins) stays. Returns whether a hold was cleared, or None when there is no such
+    /// account.
+    pub fn replace_credential(
+        &self,
+        id: &str,
+        credential: &Credential,
+    ) -> Result<Option<bool>, DbError> {
+        self.tx(|s| {
+            let held = s.db.query(
+                "SELECT hold_kind FROM accounts WHERE id = ?1",
+                &[id.into()],
+            )?;
+            let Some(row) = held.first() else {
+                return Ok(None);
+            };
+            let token_hold = row.opt_text("hold_kind")?.as_deref() == Some(HoldKind::Token.as_str());
+            s.db.execute(
+                "UPDATE accounts SET kind = ?2, error = NULL, needs_sign_in = 0 WHERE id = ?1",
+                &[id.into(), credential.kind().as_str().into()],
+            )?;
+            if token_hold {
+                s.db.execute(
+                    "UPDATE accounts SET held_until = NULL, hold_kind = NULL WHERE id = ?1",
+                    &[id.into()],
+                )?;
+            }
+            s.db.execute(
+                "UPDATE refresh_state SET failure = NULL, backoff_ms = NULL, retry_at = NULL WHERE account_id = ?1",
+                &[id.into()],
+            )?;
+            s.put_credential(id, credential)?;
+            Ok(Some(token_hold))
+        })
+    }
+
     // ---- secrets ----------------------------------------------------------------------
 
     pub fn credential(&self, id: &str) -> Result<Option<Credential>, DbError> {

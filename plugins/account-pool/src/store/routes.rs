@@ -71,6 +71,72 @@ impl<'a, D: Db> Store<'a, D> {
         Ok(None)
     }
 
+    /// The open routes (thread, provider, opened at), of one provider or all, by thread
+    /// then provider. The token hash is never read.
+    pub fn routes(
+        &self,
+        provider: Option<Provider>,
+    ) -> Result<Vec<(String, Provider, u64)>, DbError> {
+        let rows = match provider {
+            Some(p) => self.db.query(
+                "SELECT thread, provider, opened_at FROM routes WHERE provider = ?1 ORDER BY thread, provider",
+                &[p.as_str().into()],
+            )?,
+            None => self.db.query(
+                "SELECT thread, provider, opened_at FROM routes ORDER BY thread, provider",
+                &[],
+            )?,
+        };
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.text("thread")?,
+                    decode("provider", Provider::parse(&r.text("provider")?))?,
+                    r.u64("opened_at")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// The fresh pins (used within `lifetime` of `now`), of one thread and/or provider,
+    /// most recently used first: (provider, key, pin).
+    pub fn pins(
+        &self,
+        thread: Option<&str>,
+        provider: Option<Provider>,
+        now: u64,
+        lifetime: u64,
+    ) -> Result<Vec<(Provider, String, Pin)>, DbError> {
+        // The same freshness rule as `pin`: now − last use < lifetime.
+        let rows = self.db.query(
+            "SELECT provider, key, account_id, thread, last_used_at, generation, provisional, why FROM pins
+             WHERE ?1 - last_used_at < ?4 AND (?2 IS NULL OR thread = ?2) AND (?3 IS NULL OR provider = ?3)
+             ORDER BY last_used_at DESC, generation DESC",
+            &[
+                now.into(),
+                thread.into(),
+                provider.map(Provider::as_str).into(),
+                lifetime.into(),
+            ],
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    decode("provider", Provider::parse(&r.text("provider")?))?,
+                    r.text("key")?,
+                    Pin {
+                        account: r.text("account_id")?,
+                        thread: r.opt_text("thread")?,
+                        last_used_at: r.u64("last_used_at")?,
+                        generation: r.i64("generation")?,
+                        provisional: r.bool("provisional")?,
+                        why: r.text("why")?,
+                    },
+                ))
+            })
+            .collect()
+    }
+
     // ---- pins -------------------------------------------------------------------------
 
     /// The pin of a session, if fresh (used within the idle lifetime).

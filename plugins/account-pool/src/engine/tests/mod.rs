@@ -8,7 +8,9 @@
 //! | [`edges`] | the proxy's edges: forwarding, shapes, statuses, limits, settings, maintenance |
 //! | [`storage`] | what a request reads and writes, and what the head screen answers |
 //! | [`cancel`] | a client that goes away mid-request |
+//! | [`admin`] | replacing a credential in place; listing routes and pinned sessions |
 
+mod admin;
 mod cancel;
 mod edges;
 mod scenarios;
