@@ -19,7 +19,7 @@ pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// The key under which WebDriver names an element.
-const ELEMENT: &str = "element-6066-11e4-a23f-4a6f6b0b4ad2";
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// A headless chromium session; the driver is stopped when dropped.
 pub struct Browser {
@@ -190,6 +190,14 @@ impl Browser {
             .to_owned()
     }
 
+    /// The page's current markup.
+    pub fn source(&self) -> String {
+        self.session_call("GET", "/source", None)
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The elements matching a CSS selector, now.
     pub fn find_all(&self, css: &str) -> Vec<Element> {
         let found = self.session_call(
@@ -225,50 +233,57 @@ impl Browser {
             }
             assert!(
                 started.elapsed() < limit,
-                "timed out waiting for {what}; the page says:\n{}",
-                self.text("body").unwrap_or_default()
+                "timed out waiting for {what}; the page at {} is:\n{}",
+                self.url(),
+                self.source()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    /// The rendered text of the first element matching `css`.
+    /// The rendered text of the first element matching `css`, read in one step in the page
+    /// (the page redraws itself: a found element may be replaced a moment later).
     pub fn text(&self, css: &str) -> Option<String> {
-        let element = self.find_all(css).into_iter().next()?;
-        Some(self.element_text(&element))
+        self.in_page(css, "return e.innerText;")
     }
 
-    pub fn element_text(&self, element: &Element) -> String {
-        self.session_call("GET", &format!("/element/{}/text", element.0), None)
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    }
-
-    /// An attribute of the first element matching `css`.
+    /// An attribute of the first element matching `css`, read in one step in the page.
     pub fn attribute(&self, css: &str, name: &str) -> Option<String> {
-        let element = self.find_all(css).into_iter().next()?;
-        self.session_call(
-            "GET",
-            &format!("/element/{}/attribute/{name}", element.0),
-            None,
-        )
-        .as_str()
-        .map(str::to_owned)
+        let name = serde_json::to_string(name).expect("a JSON string");
+        self.in_page(css, &format!("return e.getAttribute({name});"))
     }
 
-    /// Click the first element matching `css`.
+    /// `body` run in the page with `e` the first element matching `css`; None when nothing
+    /// matches or the result is not a string.
+    fn in_page(&self, css: &str, body: &str) -> Option<String> {
+        let css = serde_json::to_string(css).expect("a JSON string");
+        let script =
+            format!("const e = document.querySelector({css}); if (!e) return null; {body}");
+        self.execute(&script).as_str().map(str::to_owned)
+    }
+
+    /// Click the first element matching `css`, as a person would (WebDriver's element
+    /// click). When the page redrew the element between finding and clicking it, find it
+    /// again (a few times).
     pub fn click(&self, css: &str) {
-        let element = self
-            .find_all(css)
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| panic!("nothing to click matches {css}"));
-        self.session_call(
-            "POST",
-            &format!("/element/{}/click", element.0),
-            Some(&json!({})),
-        );
+        for _ in 0..5 {
+            let element = self
+                .find_all(css)
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| panic!("nothing to click matches {css}"));
+            let path = format!("/session/{}/element/{}/click", self.session, element.0);
+            let (status, answer) = exchange(self.port, "POST", &path, Some(&json!({})))
+                .unwrap_or_else(|e| panic!("chromedriver: click: {e}"));
+            if status == 200 {
+                return;
+            }
+            assert_eq!(
+                answer["value"]["error"], "stale element reference",
+                "chromedriver: click {css} answered {status}: {answer}"
+            );
+        }
+        panic!("{css} was redrawn under every click");
     }
 
     /// Run `script` in the page; its result.
