@@ -238,6 +238,43 @@ fn status_refuses_a_zero_watch_interval_and_needs_a_server() {
     );
 }
 
+#[test]
+fn status_watch_redraws_in_place_until_interrupted() {
+    let served = Served::start();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pooler"))
+        .args(["status", "--watch", "1"])
+        .env("POOLER_DATA_DIR", &served.data)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first screen is drawn at once: home, clear, then the screen.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !text(&seen).contains("Threads\n  none\n") {
+        assert_eq!(
+            stdout.read(&mut byte).unwrap(),
+            1,
+            "ended early: {:?}",
+            text(&seen)
+        );
+        seen.push(byte[0]);
+    }
+    assert!(
+        text(&seen).starts_with("\x1b[H\x1b[2JPooler at "),
+        "{:?}",
+        text(&seen)
+    );
+    // Ctrl-C ends it, successfully.
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
 /// One HTTP/1.1 GET on loopback; the status line and the headers (lower-case names).
 fn get(addr: &str, path: &str, cookie: Option<&str>) -> (u16, Vec<(String, String)>, String) {
     let mut stream = TcpStream::connect(addr).unwrap();

@@ -65,6 +65,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         });
     };
+    // Ctrl-C is heard from before the first screen is drawn.
+    let mut interrupted = Box::pin(interrupted()?);
     loop {
         let answer = client.get("overview").await;
         if args.client.json {
@@ -80,9 +82,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(every)) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut interrupted => return Ok(()),
         }
     }
+}
+
+/// Resolves at Ctrl-C (SIGINT). On Unix the handler is installed at once, not at the first
+/// poll, so an interrupt right after the first screen is never lost.
+#[cfg(unix)]
+fn interrupted() -> anyhow::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigint = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        sigint.recv().await;
+    })
+}
+
+#[cfg(not(unix))]
+fn interrupted() -> anyhow::Result<impl Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// Colour when stdout is a terminal and `NO_COLOR` is unset; the local offset at `now`.
