@@ -120,7 +120,7 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
         ))
     });
     // The server: B enabled, the same row moved to within a minute, attempt unchanged.
-    h.wait_for("B to be enabled", |h| {
+    h.wait_for("enabling B from the page to move the row earlier", |h| {
         h.core()
             .list_rows(Some(&thread))
             .is_ok_and(|rows| rows.first().is_some_and(|r| r.send_at < row.send_at))
