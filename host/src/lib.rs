@@ -47,6 +47,7 @@ pub mod engine;
 pub mod imports;
 mod maintenance;
 pub mod mediator;
+pub mod overview;
 pub mod roles;
 pub mod runtime;
 pub mod server;

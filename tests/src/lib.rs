@@ -14,6 +14,7 @@ pub mod pool;
 pub mod provider;
 pub mod threads;
 pub mod upstream;
+pub mod webdriver;
 
 /// Paths of the fixture components built by `build.rs`.
 pub mod fixtures {

@@ -76,7 +76,7 @@ impl From<UsageWindow> for WindowView {
 }
 
 /// What the pool's `accounts-error` means for a person, with its HTTP status.
-fn refused(e: AccountsError) -> ApiError {
+pub(super) fn refused(e: AccountsError) -> ApiError {
     match e {
         AccountsError::NoSuchAccount(id) => ApiError::not_found(
             "no-such-account",

@@ -1,11 +1,12 @@
 //! The admin API: what `pooler account|config|route|session …` (and any other client holding
 //! the admin token) asks of a running server, under `/_pooler/` on the pool's listener.
 //!
-//! This module owns the transport: the token check (constant time), reading a bounded JSON
+//! This module owns the transport: the token check (constant time; or the status page's
+//! session cookie with its CSRF defence, see `admin/page.rs`), reading a bounded JSON
 //! body, splitting and percent-decoding the path, dispatching to one *area* module per
 //! first path segment, and writing every answer as JSON. Errors are
 //! `{"error": {"code": "...", "message": "..."}}` with 400 (refused input, naming what is
-//! wrong), 401 (token), 404 (unknown endpoint or id), 413 (body too large), 503 (plugin not
+//! wrong), 401 (token), 403 (a change made with the page's cookie without its CSRF defence), 404 (unknown endpoint or id), 413 (body too large), 503 (plugin not
 //! loaded, or a transient failure: try again) and 500 (a plugin trapped or ran out of time).
 //!
 //! Conventions every area keeps: timestamps are unix epoch milliseconds (UTC), as in the WIT
@@ -70,6 +71,8 @@ areas! {
     "sessions" => sessions,
     "threads" => core,
     "retry" => retry,
+    "overview" => overview,
+    "page" => page,
 }
 
 mod fields;
@@ -83,6 +86,8 @@ pub struct Admin {
     token: String,
     endpoint: String,
     in_flight: Arc<AtomicUsize>,
+    /// The status page's login codes and sessions (`admin/page.rs`).
+    page: page::PageAuth,
 }
 
 impl Admin {
@@ -101,6 +106,7 @@ impl Admin {
             token,
             endpoint: endpoint_url(local_addr),
             in_flight,
+            page: page::PageAuth::default(),
         }
     }
 
@@ -130,6 +136,15 @@ impl Admin {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
+        if let Some(response) = page::answer_page(
+            self,
+            req.method().as_str(),
+            req.uri().path(),
+            req.uri().query(),
+            req.headers(),
+        ) {
+            return response;
+        }
         match self.answer(req).await {
             Ok(reply) => json_response(reply.status, &reply.body),
             Err(e) => {
@@ -146,19 +161,7 @@ impl Admin {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
-        let presented = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(presented.as_bytes(), self.token.as_bytes()) {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "the admin API needs `Authorization: Bearer <token>` with the token from DATA_DIR/admin-token",
-            ));
-        }
+        self.authenticate(req.method(), req.headers())?;
         let (parts, body) = req.into_parts();
         let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -188,6 +191,42 @@ impl Admin {
             "admin request"
         );
         dispatch(self, &req).await
+    }
+
+    /// The admin token in `Authorization: Bearer`, or else a status page session's cookie
+    /// (`admin/page.rs`), which for a state-changing method also needs the page's CSRF
+    /// defence (403 without it). A query string is never looked at.
+    fn authenticate(
+        &self,
+        method: &hyper::Method,
+        headers: &hyper::HeaderMap,
+    ) -> Result<(), ApiError> {
+        let unauthorized = || {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the admin API needs `Authorization: Bearer <token>` with the token from \
+                 DATA_DIR/admin-token (or the status page's session: `pooler page`)",
+            )
+        };
+        if let Some(value) = headers.get(hyper::header::AUTHORIZATION) {
+            let presented = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            return if constant_time_eq(presented.as_bytes(), self.token.as_bytes()) {
+                Ok(())
+            } else {
+                Err(unauthorized())
+            };
+        }
+        let now = self.host.clock().now_ms();
+        let session = self.page.session(headers, now).ok_or_else(unauthorized)?;
+        if !matches!(*method, hyper::Method::GET | hyper::Method::HEAD) {
+            page::check_csrf(headers, &session)?;
+        }
+        Ok(())
     }
 
     /// Call the pool on a fresh instance; a failed call becomes a 503/500 error.

@@ -86,7 +86,7 @@ async fn cancel(admin: &Admin, thread: &str) -> Result<Reply, ApiError> {
 }
 
 /// What the plugin's `admin-error` means for a person, with its HTTP status.
-fn refused(e: AdminError) -> ApiError {
+pub(super) fn refused(e: AdminError) -> ApiError {
     match e {
         AdminError::NothingPending(t) => {
             ApiError::not_found("nothing-pending", format!("thread {t} has nothing pending"))
@@ -109,7 +109,7 @@ fn refused(e: AdminError) -> ApiError {
     }
 }
 
-fn candidate_view(c: Candidate) -> CandidateView {
+pub(super) fn candidate_view(c: Candidate) -> CandidateView {
     CandidateView {
         thread: c.thread,
         original_request: c.original_request,
@@ -190,7 +190,7 @@ fn cause_words(c: ChangeCause) -> &'static str {
     }
 }
 
-fn availability_view(a: Availability) -> AvailabilityView {
+pub(super) fn availability_view(a: Availability) -> AvailabilityView {
     match a {
         Availability::NotRouted => AvailabilityView::NotRouted,
         Availability::Ready => AvailabilityView::Ready,

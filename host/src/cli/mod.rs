@@ -88,6 +88,8 @@ groups! {
     Session => session,
     Thread => thread,
     Retry => retry,
+    Status => status,
+    Page => page,
 }
 
 /// Local input that cannot be used (an unreadable file, an empty key): exit 2, like clap's

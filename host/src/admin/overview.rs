@@ -1,0 +1,146 @@
+//! `GET /_pooler/overview`: the pool at a glance ([`crate::overview::Overview`]), for
+//! `pooler status` and the status page. One call gathers the pool's accounts
+//! (`accounts.list-accounts`), the core's threads and live rows, Provider Retry's open
+//! candidates (`retry-admin.status`) and the pool's availability answer for each thread
+//! (`availability.query-many`, asked as the `admin` caller). A part that cannot be read is a
+//! `problems` entry with its message, never a failed answer: in an incident the rest of the
+//! screen is what a person needs.
+
+use super::{Admin, AdminRequest, ApiError, Reply};
+use crate::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
+use crate::overview::{Overview, Problem, RowOverview, ThreadOverview, summarize};
+use crate::wire::{AccountView, CandidateView, ProviderName};
+
+pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
+    match (req.method(), req.rest().as_slice()) {
+        ("GET", []) => Reply::ok(overview(admin).await),
+        _ => Err(ApiError::no_endpoint(req)),
+    }
+}
+
+fn problem(part: &str, message: impl Into<String>) -> Problem {
+    Problem {
+        part: part.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Gather the snapshot (see the module docs).
+pub(super) async fn overview(admin: &Admin) -> Overview {
+    let now = admin.host().clock().now_ms();
+    let mut problems = Vec::new();
+
+    let accounts: Vec<AccountView> = match admin
+        .pool("accounts.list-accounts", move |store, pool| {
+            Box::pin(pool.pooler_plugins_accounts().call_list_accounts(store, None))
+        })
+        .await
+        .and_then(|answer| answer.map_err(super::accounts::refused))
+    {
+        Ok(accounts) => accounts.into_iter().map(AccountView::from).collect(),
+        Err(e) => {
+            problems.push(problem("accounts", e.message));
+            Vec::new()
+        }
+    };
+    let providers = [ProviderName::Claude, ProviderName::Codex]
+        .into_iter()
+        .map(|p| summarize(p, &accounts))
+        .collect();
+
+    let candidates: Vec<CandidateView> = match admin
+        .retry("retry-admin.status", move |store, retry| {
+            Box::pin(async move {
+                retry
+                    .pooler_plugins_retry_admin()
+                    .call_status(store, None)
+                    .await
+            })
+        })
+        .await
+        .and_then(|answer| answer.map_err(super::retry::refused))
+    {
+        Ok(candidates) => candidates
+            .into_iter()
+            .map(super::retry::candidate_view)
+            .collect(),
+        Err(e) => {
+            problems.push(problem("retries", e.message));
+            Vec::new()
+        }
+    };
+
+    let mut threads = Vec::new();
+    match admin.core() {
+        None => problems.push(problem(
+            "threads",
+            "this host runs without a core: no threads",
+        )),
+        Some(link) => {
+            let core = link.core();
+            match (core.list_threads(), core.list_rows(None)) {
+                (Ok(list), Ok(rows)) => {
+                    for view in list.into_iter().filter(|t| !t.info.archived) {
+                        let id = view.info.id.clone();
+                        let row = rows.iter().find(|r| r.thread == id).map(|r| RowOverview {
+                            id: r.id,
+                            send_at: r.send_at,
+                            attempt: r.attempt,
+                            reason: r.reason.clone(),
+                            waiting_for_slot: r.waiting_for_slot,
+                        });
+                        threads.push((
+                            view.info.latest_request.clone(),
+                            ThreadOverview {
+                                retry: candidates.iter().find(|c| c.thread == id).cloned(),
+                                id,
+                                provider: match view.info.provider {
+                                    pooler_core::Provider::Claude => ProviderName::Claude,
+                                    pooler_core::Provider::Codex => ProviderName::Codex,
+                                },
+                                model: view.info.model.clone(),
+                                agent: view.agent.as_str().to_owned(),
+                                status: view.info.status.as_str().to_owned(),
+                                retry_opt_out: view.info.retry_opt_out,
+                                input_queued: view.info.input_queued,
+                                created_at: view.created_at,
+                                availability: None,
+                                row,
+                            },
+                        ));
+                    }
+                }
+                (Err(e), _) => problems.push(problem("threads", e.to_string())),
+                (_, Err(e)) => problems.push(problem("threads", e.to_string())),
+            }
+        }
+    }
+
+    // The pool's own answer per thread, in one call.
+    if !threads.is_empty() {
+        let queries = threads
+            .iter()
+            .map(|(request, t)| AvailabilityQuery {
+                thread: t.id.clone(),
+                provider: t.provider.into(),
+                request: request.clone(),
+                model: t.model.clone(),
+            })
+            .collect();
+        let answers = admin
+            .host()
+            .query_availability_many("admin", queries)
+            .await;
+        for ((_, thread), answer) in threads.iter_mut().zip(answers) {
+            thread.availability = Some(super::retry::availability_view(answer));
+        }
+    }
+
+    Overview {
+        now,
+        providers,
+        accounts,
+        threads: threads.into_iter().map(|(_, t)| t).collect(),
+        problems,
+    }
+}

@@ -1,0 +1,212 @@
+// The status page's script: reads GET /_pooler/overview every 2 s (the same snapshot as
+// `pooler status`) and renders it; the buttons call the admin API with the page session's
+// cookie and its CSRF token (x-pooler-csrf). Every text is set with textContent.
+"use strict";
+
+const CSRF = document.querySelector('meta[name="pooler-csrf"]').content;
+const REFRESH_MS = 2000;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value !== undefined && value !== null) node.setAttribute(name, value);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+// "in 2 h 10 m", "5 m ago", "now": `ms` against the host clock's `now`.
+function relative(ms, now) {
+  const future = ms >= now;
+  let s = Math.floor(Math.abs(ms - now) / 1000);
+  if (s < 1) return "now";
+  let text;
+  if (s < 60) text = s + " s";
+  else if (s < 3600) text = Math.floor(s / 60) + " m";
+  else if (s < 86400) {
+    const m = Math.floor((s % 3600) / 60);
+    text = Math.floor(s / 3600) + " h" + (m ? " " + m + " m" : "");
+  } else {
+    const h = Math.floor((s % 86400) / 3600);
+    text = Math.floor(s / 86400) + " d" + (h ? " " + h + " h" : "");
+  }
+  return future ? "in " + text : text + " ago";
+}
+
+function when(ms, now) {
+  const d = new Date(ms);
+  const sameDay = new Date(now).toDateString() === d.toDateString();
+  const clock = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const local = sameDay ? clock : d.toLocaleDateString([], { month: "short", day: "numeric" }) + " " + clock;
+  return local + " (" + relative(ms, now) + ")";
+}
+
+function availability(a, now) {
+  if (!a) return "—";
+  switch (a.kind) {
+    case "ready": return "can serve now";
+    case "not-routed": return "not routed";
+    case "blocked": return "blocked (" + a.cause + ") until " + when(a.retry_at, now);
+    case "unavailable": return "unavailable: " + a.reason;
+    default: return a.kind;
+  }
+}
+
+function bar(utilization) {
+  const pct = Math.max(0, Math.min(1, utilization)) * 100;
+  const cls = pct >= 100 ? "bar full" : pct >= 80 ? "bar high" : "bar";
+  return el("span", { class: cls }, el("span", { style: null }));
+}
+
+function windowsOf(account, now) {
+  const box = el("div");
+  for (const w of account.windows) {
+    const name = w.family ? w.name + " (" + w.family + ")" : w.name;
+    const line = el("div", { class: "window" }, name + " ");
+    if (w.utilization !== null && w.utilization !== undefined) {
+      const b = bar(w.utilization);
+      // Width through the CSSOM, which the policy allows (no inline style attribute).
+      b.firstChild.style.width = Math.round(Math.min(1, w.utilization) * 100) + "%";
+      line.append(b, " " + Math.round(w.utilization * 100) + "%");
+    }
+    if (w.resets_at) line.append(" · resets " + when(w.resets_at, now));
+    box.append(line);
+  }
+  if (!account.windows.length) box.append(el("span", { class: "muted" }, "no usage seen yet"));
+  return box;
+}
+
+function why(account) {
+  if (account.error) return account.error;
+  if (account.status === "held") return "held after a rate limit";
+  if (account.status === "exhausted") {
+    const blocking = account.windows.filter((w) => w.blocking).map((w) => w.name);
+    return "quota exhausted" + (blocking.length ? " (" + blocking.join(", ") + ")" : "");
+  }
+  if (account.status === "disabled") return "disabled by a person";
+  if (account.needs_sign_in) return "sign in again soon";
+  return "";
+}
+
+async function act(button, method, path, done) {
+  button.disabled = true;
+  const notice = document.getElementById("notice");
+  try {
+    const response = await fetch("/_pooler/" + path, {
+      method,
+      credentials: "same-origin",
+      headers: { "x-pooler-csrf": CSRF, "content-type": "application/json" },
+      body: "{}",
+    });
+    const answer = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error((answer.error && answer.error.message) || response.statusText);
+    notice.className = "";
+    notice.textContent = done;
+  } catch (e) {
+    notice.className = "bad";
+    notice.textContent = e.message;
+  }
+  await refresh();
+}
+
+function renderProviders(o) {
+  const box = document.getElementById("providers");
+  box.replaceChildren();
+  for (const p of o.providers) {
+    if (!p.accounts) continue;
+    const s = p.serving;
+    let text;
+    if (s.kind === "ready") text = "serving now";
+    else if (s.kind === "blocked") text = "blocked (" + s.cause + "); serves again " + when(s.retry_at, o.now);
+    else text = "unavailable: " + s.reason;
+    box.append(el("div", { class: "card", "data-provider": p.provider },
+      el("b", {}, p.provider), " ",
+      el("span", { class: "status " + s.kind }, text),
+      el("div", { class: "muted" }, p.serving_accounts + " of " + p.accounts + " accounts serving, " + p.enabled + " enabled")));
+  }
+  if (!box.children.length) box.append(el("span", { class: "muted" }, "no accounts yet"));
+}
+
+function renderAccounts(o) {
+  const body = document.querySelector("#accounts tbody");
+  body.replaceChildren();
+  for (const a of o.accounts) {
+    const button = a.enabled
+      ? el("button", { "data-action": "disable" }, "Disable")
+      : el("button", { "data-action": "enable" }, "Enable");
+    const action = a.enabled ? "disable" : "enable";
+    button.addEventListener("click", () =>
+      act(button, "POST", "accounts/" + encodeURIComponent(a.id) + "/" + action, a.label + ": " + action + "d"));
+    body.append(el("tr", { "data-account": a.id, "data-status": a.status },
+      el("td", {}, a.label, el("div", { class: "muted" }, el("code", {}, a.id), " · " + a.provider + " · " + a.secret_hint)),
+      el("td", { class: "status " + a.status }, a.status),
+      el("td", {}, windowsOf(a, o.now)),
+      el("td", {}, a.blocking_reset ? when(a.blocking_reset, o.now) : a.held_until ? when(a.held_until, o.now) : "—"),
+      el("td", {}, why(a)),
+      el("td", {}, button)));
+  }
+  if (!o.accounts.length) body.append(el("tr", {}, el("td", { colspan: "6", class: "muted" }, "no accounts")));
+}
+
+function renderThreads(o) {
+  const body = document.querySelector("#threads tbody");
+  body.replaceChildren();
+  for (const t of o.threads) {
+    const r = t.retry;
+    const sendAt = t.row ? t.row.send_at : r && r.send_at;
+    let next = "—";
+    if (sendAt) next = "attempt " + (t.row ? t.row.attempt : r.next_attempt) + " at " + when(sendAt, o.now);
+    else if (r && r.state === "watching") next = "watching until the pool can serve";
+    const reason = r ? r.reason : t.row ? t.row.reason : "";
+    let button = null;
+    if (t.row) {
+      button = el("button", { "data-action": "send-now" }, "Send now");
+      button.addEventListener("click", () =>
+        act(button, "POST", "threads/" + encodeURIComponent(t.id) + "/send-now", t.id + ": retry sent"));
+    }
+    body.append(el("tr", { "data-thread": t.id, "data-status": t.status },
+      el("td", {}, el("code", {}, t.id), el("div", { class: "muted" }, t.provider + (t.model ? " · " + t.model : ""))),
+      el("td", {}, t.agent),
+      el("td", { class: "status " + t.status }, t.status + (t.input_queued ? " (message queued)" : "")),
+      el("td", {}, availability(t.availability, o.now)),
+      el("td", { class: "retry " + (r ? r.state : ""), "data-send-at": sendAt || null }, next),
+      el("td", {}, reason),
+      el("td", {}, button)));
+  }
+  if (!o.threads.length) body.append(el("tr", {}, el("td", { colspan: "7", class: "muted" }, "no threads")));
+}
+
+function renderProblems(o) {
+  const list = document.getElementById("problems");
+  list.replaceChildren(...o.problems.map((p) => el("li", {}, el("b", {}, p.part + ": "), p.message)));
+  document.getElementById("problems-section").hidden = !o.problems.length;
+}
+
+let timer = null;
+async function refresh() {
+  clearTimeout(timer);
+  const updated = document.getElementById("updated");
+  try {
+    const response = await fetch("/_pooler/overview", { credentials: "same-origin" });
+    if (response.status === 401) {
+      updated.textContent = "signed out: run `pooler page` for a new link";
+      return;
+    }
+    const o = await response.json();
+    if (!response.ok) throw new Error((o.error && o.error.message) || response.statusText);
+    renderProviders(o);
+    renderAccounts(o);
+    renderThreads(o);
+    renderProblems(o);
+    updated.textContent = "updated " + new Date(o.now).toLocaleTimeString();
+    updated.dataset.now = String(o.now);
+  } catch (e) {
+    updated.textContent = "cannot reach the server: " + e.message;
+  }
+  timer = setTimeout(refresh, REFRESH_MS);
+}
+
+refresh();

@@ -1,0 +1,184 @@
+//! The status page (`/_pooler/page`) in a real headless browser: Debian's `chromium`, driven
+//! through `chromedriver` over the WebDriver protocol ([`pooler_tests::webdriver`]).
+//!
+//! The host runs with its core on the manual clock, the real Account Pooler in front of a
+//! scripted fake upstream and the real Provider Retry. Two Claude accounts: A, held by a 429
+//! with `Retry-After: 3600`, and B, disabled. A thread's turn failed on that 429, so Provider
+//! Retry holds a retry row at the end of A's hold. The browser signs in with a one-time link
+//! (as `pooler page` prints), sees both accounts and the waiting thread, clicks "Enable" on
+//! B: the server moves the row to within a minute (checked on the server's state), and the
+//! page shows the earlier time. Then "Send now" sends the retry, served by B. A screenshot
+//! of the page with the moved retry is written to `target/browser/status-page.png`.
+//!
+//! The manual clock never moves: nothing is sent by time. The only waits are for the
+//! browser's own work (its requests, the page's 2 s refresh), bounded.
+//!
+//! Fails (does not skip) when chromium or its driver is missing: CI installs them.
+
+use std::time::Duration;
+
+use pooler_core::{ThreadStatus, TurnTrigger};
+use pooler_tests::core::{API_KEY, CoreSetup, success};
+use pooler_tests::pool::reply;
+use pooler_tests::webdriver::{Browser, target_dir};
+use serde_json::json;
+
+const SECOND: u64 = 1_000;
+/// The default reset buffer and jitter bound of Provider Retry.
+const BUFFER: u64 = 15 * SECOND;
+const JITTER: u64 = 30 * SECOND;
+/// How long the browser may take for what it does at once (a safety net).
+const BROWSER: Duration = Duration::from_secs(30);
+
+/// Run blocking WebDriver calls on this multi-threaded runtime's worker.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier() {
+    let h = CoreSetup::new().real_retry().start().await;
+    let a = h.accounts().await[0].id.clone();
+    let b = h.add_claude_key("sk-ant-api03-key-b").await.id;
+    h.disable_account(&b).await;
+    h.settle().await;
+
+    // The thread's turn fails with a 429 that holds A for an hour; B is disabled.
+    h.upstream
+        .push(reply(429, &[("retry-after".to_owned(), "3600".to_owned())]));
+    let thread = h.new_thread().await;
+    h.send(&thread, "hello");
+    h.settle().await;
+    assert_eq!(h.upstream.received()[0].header("x-api-key"), Some(API_KEY));
+    assert_eq!(
+        h.core().get_thread(&thread).unwrap().status,
+        ThreadStatus::Error
+    );
+    let row = h.row(&thread);
+    let held_until = h.now() + 3_600 * SECOND;
+    assert!(
+        (held_until..held_until + BUFFER + JITTER).contains(&row.send_at),
+        "a row at the end of A's hold: {} for {held_until}",
+        row.send_at
+    );
+
+    // Sign in with a one-time link, as `pooler page` prints it.
+    let (status, minted) = h.admin("POST", "page/login-codes", json!({})).await;
+    assert_eq!(status, 201, "{minted}");
+    let link = minted["url"].as_str().unwrap().to_owned();
+    assert!(
+        link.starts_with(&format!("{}/_pooler/page/login?code=", h.url)),
+        "{link}"
+    );
+
+    let browser = blocking(Browser::start);
+    let page = format!("{}/_pooler/page", h.url);
+    let account_row = |id: &str| format!("tr[data-account=\"{id}\"]");
+    let retry_cell = format!("tr[data-thread=\"{thread}\"] td.retry");
+    let shown = blocking(|| {
+        browser.goto(&link);
+        assert_eq!(browser.url(), page, "the link leads to the page");
+        // Both accounts and the waiting thread, with its retry at the row's time.
+        browser.wait_for("both accounts and the thread's retry", BROWSER, |b| {
+            let accounts = b.find_all("#accounts tr[data-account]").len();
+            let at = b.attribute(&retry_cell, "data-send-at")?;
+            (accounts == 2).then_some(at)
+        })
+    });
+    assert_eq!(shown, row.send_at.to_string());
+    blocking(|| {
+        assert_eq!(
+            browser
+                .attribute(&account_row(&a), "data-status")
+                .as_deref(),
+            Some("held")
+        );
+        assert_eq!(
+            browser
+                .attribute(&account_row(&b), "data-status")
+                .as_deref(),
+            Some("disabled")
+        );
+        let a_text = browser.text(&account_row(&a)).unwrap();
+        assert!(a_text.contains("held after a rate limit"), "{a_text}");
+        let thread_text = browser
+            .text(&format!("tr[data-thread=\"{thread}\"]"))
+            .unwrap();
+        assert!(thread_text.contains("error"), "{thread_text}");
+        assert!(thread_text.contains("attempt 2 at "), "{thread_text}");
+        assert!(thread_text.contains("(in 1 h)"), "{thread_text}");
+        let provider = browser.text("[data-provider=\"claude\"]").unwrap();
+        assert!(provider.contains("blocked (held)"), "{provider}");
+    });
+
+    // Enable B from the page.
+    let enabled_at = h.now();
+    blocking(|| {
+        browser.click(&format!(
+            "{} button[data-action=\"enable\"]",
+            account_row(&b)
+        ))
+    });
+    // The server: B enabled, the same row moved to within a minute, attempt unchanged.
+    h.wait_for("enabling B from the page to move the row earlier", |h| {
+        h.core()
+            .list_rows(Some(&thread))
+            .is_ok_and(|rows| rows.first().is_some_and(|r| r.send_at < row.send_at))
+    })
+    .await;
+    h.settle().await;
+    let moved = h.row(&thread);
+    assert_eq!((moved.id, moved.attempt), (row.id, 2));
+    assert!(
+        (enabled_at + BUFFER..enabled_at + BUFFER + JITTER).contains(&moved.send_at),
+        "moved to {} (enabled at {enabled_at})",
+        moved.send_at
+    );
+    assert!(h.accounts().await.iter().any(|x| x.id == b && x.enabled));
+
+    // The page shows the earlier time and B serving.
+    let moved_at = moved.send_at.to_string();
+    blocking(|| {
+        browser.wait_for("the page to show the moved retry", BROWSER, |br| {
+            (br.attribute(&retry_cell, "data-send-at")? == moved_at
+                && br.attribute(&account_row(&b), "data-status")? == "ready")
+                .then_some(())
+        });
+        let cell = browser.text(&retry_cell).unwrap();
+        assert!(cell.contains("(in "), "{cell}");
+        assert!(!cell.contains("h)"), "due within the minute: {cell}");
+        assert!(browser.text("#notice").unwrap().contains("enabled"));
+        let shot = target_dir().join("browser").join("status-page.png");
+        browser.screenshot(&shot);
+        assert!(std::fs::metadata(&shot).unwrap().len() > 1_000);
+    });
+
+    // "Send now" sends the retry at once, served by B; the page shows the thread idle.
+    h.upstream.push(success("served by B"));
+    blocking(|| {
+        browser.click(&format!(
+            "tr[data-thread=\"{thread}\"] button[data-action=\"send-now\"]"
+        ))
+    });
+    h.wait_for("the retry to be sent", |h| {
+        h.turns(&thread).len() == 2
+            && h.core()
+                .list_rows(Some(&thread))
+                .is_ok_and(|r| r.is_empty())
+    })
+    .await;
+    h.settle().await;
+    let turns = h.turns(&thread);
+    assert_eq!(turns[1].trigger, TurnTrigger::SendNow);
+    assert_eq!(
+        h.upstream.received().last().unwrap().header("x-api-key"),
+        Some("sk-ant-api03-key-b")
+    );
+    blocking(|| {
+        browser.wait_for("the thread to be idle on the page", BROWSER, |br| {
+            (br.attribute(&format!("tr[data-thread=\"{thread}\"]"), "data-status")? == "idle")
+                .then_some(())
+        })
+    });
+    drop(browser);
+}
