@@ -15,10 +15,13 @@
 //!   `availability.query` for it (what Provider Retry sees), its open retry candidate from
 //!   Provider Retry's `retry-admin.status` (state, reason) and the core's live retry row
 //!   (send time, attempt).
+//! - `pinned_sessions`: per account id, how many conversations are pinned to it now (the
+//!   pool's `routing.list-sessions`; pins whose first request is still in flight are not
+//!   counted). An account with none is absent.
 //! - `problems`: the parts that could not be read (a plugin not loaded, no core, a plugin that
 //!   failed), each with its message; the rest of the snapshot is still filled in.
-//!
-//! Not here yet: pinned sessions per account (needs the pool's session listing).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +35,9 @@ pub struct Overview {
     pub providers: Vec<ProviderOverview>,
     pub accounts: Vec<AccountView>,
     pub threads: Vec<ThreadOverview>,
+    /// Account id → sessions pinned to it (absent: none).
+    #[serde(default)]
+    pub pinned_sessions: BTreeMap<String, usize>,
     pub problems: Vec<Problem>,
 }
 

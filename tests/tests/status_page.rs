@@ -180,5 +180,15 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
                 .then_some(())
         })
     });
+    // The served retry pinned the thread's session to B: the page counts it on B's row.
+    blocking(|| {
+        browser.wait_for("B's pinned session on the page", BROWSER, |br| {
+            (br.text(&format!("tr[data-account=\"{b}\"] td.pins"))? == "1").then_some(())
+        })
+    });
+    assert_eq!(
+        browser.text(&format!("tr[data-account=\"{a}\"] td.pins")).as_deref(),
+        Some("0")
+    );
     drop(browser);
 }

@@ -2,12 +2,16 @@
 //! `pooler status` and the status page. One call gathers the pool's accounts
 //! (`accounts.list-accounts`), the core's threads and live rows, Provider Retry's open
 //! candidates (`retry-admin.status`) and the pool's availability answer for each thread
-//! (`availability.query-many`, asked as the `admin` caller). A part that cannot be read is a
+//! (`availability.query-many`, asked as the `admin` caller) and the pins per account
+//! (`routing.list-sessions`). A part that cannot be read is a
 //! `problems` entry with its message, never a failed answer: in an incident the rest of the
 //! screen is what a person needs.
 
+use std::collections::BTreeMap;
+
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
+use crate::bindings::types::Provider;
 use crate::overview::{Overview, Problem, RowOverview, ThreadOverview, summarize};
 use crate::wire::{AccountView, CandidateView, ProviderName};
 
@@ -43,6 +47,25 @@ pub(super) async fn overview(admin: &Admin) -> Overview {
             Vec::new()
         }
     };
+    let mut pinned_sessions = BTreeMap::new();
+    match admin
+        .pool("routing.list-sessions", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_routing()
+                    .call_list_sessions(store, None, None)
+                    .await
+            })
+        })
+        .await
+        .and_then(|answer| answer.map_err(|e| super::routes::refused(e, "", Provider::Claude)))
+    {
+        Ok(sessions) => {
+            for s in sessions.into_iter().filter(|s| !s.provisional) {
+                *pinned_sessions.entry(s.account).or_insert(0) += 1;
+            }
+        }
+        Err(e) => problems.push(problem("sessions", e.message)),
+    }
     let providers = [ProviderName::Claude, ProviderName::Codex]
         .into_iter()
         .map(|p| summarize(p, &accounts))
@@ -141,6 +164,7 @@ pub(super) async fn overview(admin: &Admin) -> Overview {
         providers,
         accounts,
         threads: threads.into_iter().map(|(_, t)| t).collect(),
+        pinned_sessions,
         problems,
     }
 }

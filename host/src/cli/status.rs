@@ -340,6 +340,13 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
         if let Some(reset) = a.blocking_reset.or(a.held_until) {
             let _ = write!(line, "  serves again {}", when(reset, now, off));
         }
+        match o.pinned_sessions.get(&a.id).copied().unwrap_or(0) {
+            0 => {}
+            1 => line.push_str("  1 pinned session"),
+            n => {
+                let _ = write!(line, "  {n} pinned sessions");
+            }
+        }
         let _ = writeln!(out, "{line}");
         if let Some(why) = why(a) {
             let _ = writeln!(out, "          why: {why}");
@@ -529,6 +536,7 @@ mod tests {
                     waiting_for_slot: false,
                 }),
             }],
+            pinned_sessions: [("acc_a".to_owned(), 2)].into_iter().collect(),
             problems: vec![],
         }
     }
@@ -547,7 +555,7 @@ Providers
   claude  blocked (held): serves again 06:43 (in 2 h 10 m)  0 of 2 accounts serving, 1 enabled
 
 Accounts
-  claude  Key A  acc_a  held  serves again 06:43 (in 2 h 10 m)
+  claude  Key A  acc_a  held  serves again 06:43 (in 2 h 10 m)  2 pinned sessions
           why: held after a rate limit (Retry-After)
           5h         [########------------]  40%  resets 2025-12-03 07:33 (in 1 d 3 h)
   claude  Key B  acc_b  disabled
@@ -638,6 +646,7 @@ Threads
             providers: vec![summarize(ProviderName::Claude, &[])],
             accounts: vec![],
             threads: vec![],
+            pinned_sessions: Default::default(),
             problems: vec![],
         };
         let text = render(&empty, NOW, PLAIN);

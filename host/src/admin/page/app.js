@@ -146,9 +146,10 @@ function renderAccounts(o) {
       el("td", {}, windowsOf(a, o.now)),
       el("td", {}, a.blocking_reset ? when(a.blocking_reset, o.now) : a.held_until ? when(a.held_until, o.now) : "—"),
       el("td", {}, why(a)),
+      el("td", { class: "pins" }, String((o.pinned_sessions || {})[a.id] || 0)),
       el("td", {}, button)));
   }
-  if (!o.accounts.length) body.append(el("tr", {}, el("td", { colspan: "6", class: "muted" }, "no accounts")));
+  if (!o.accounts.length) body.append(el("tr", {}, el("td", { colspan: "7", class: "muted" }, "no accounts")));
 }
 
 function renderThreads(o) {
