@@ -353,11 +353,14 @@ pub(crate) async fn deliver(queue: Arc<ChangeQueue>, host: Weak<Shared>) {
                     queue.delivered();
                     // One line per availability signal delivered (coalesced per provider).
                     tracing::info!(provider = ?change.provider, causes = ?change.causes, detected_at = change.detected_at, "availability change delivered");
-                    let provider = format!("{:?}", change.provider).to_lowercase();
+                    let provider = match change.provider {
+                        crate::bindings::types::Provider::Claude => "claude",
+                        crate::bindings::types::Provider::Codex => "codex",
+                    };
                     let _ = host_handle.metrics().counter_add(
                         "pooler_availability_changes_total",
                         "Availability changes the pool signalled that the host delivered, by provider (after coalescing).",
-                        &[("provider", provider.as_str())],
+                        &[("provider", provider)],
                         1,
                     );
                 }

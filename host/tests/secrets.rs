@@ -1,5 +1,5 @@
 //! Secrets never appear in the log or in any command's output. A real `pooler serve` process
-//! logs as JSON at trace level to a file; the test configures API keys, OAuth access and
+//! logs as JSON to a file (the host, core and plugins at trace, libraries at debug); the test configures API keys, OAuth access and
 //! refresh tokens (and gets new ones from a refresh), route tokens and the admin token,
 //! drives every path of a proxied request — success, an OAuth refresh, an upstream failure,
 //! an upstream 401, the pool's own 401 for a wrong route token — and runs every read command,
@@ -29,6 +29,8 @@ const ACCESS_OLD: &str = "sk-ant-oat01-Lp4oI8uY2tR6eW1qOLDA";
 const REFRESH_OLD: &str = "sk-ant-ort01-Mn5bV9cX3zA7sD2fOLDR";
 const ACCESS_NEW: &str = "sk-ant-oat01-Gh8jK2lP6oI4uY9tNEWA";
 const REFRESH_NEW: &str = "sk-ant-ort01-Zx1cV5bN9mQ3wE7rNEWR";
+const LOG_FILTER: &str = "debug,pooler=trace,cranelift_codegen=info,cranelift_frontend=info,\
+                          wasmtime_cranelift=info,regalloc2=info,wasmtime=info";
 const PREFIXES: [&str; 3] = ["sk-ant-api03-", "sk-ant-oat01-", "sk-ant-ort01-"];
 
 /// Every 12-character piece of `secret`'s secret part (after a known prefix), and the secret
@@ -174,7 +176,9 @@ impl Server {
             .arg(&config)
             .arg("--data-dir")
             .arg(&data)
-            .args(["--log-format", "json", "--log-level", "trace"])
+            // Everything of the host, the core and the plugins at trace; the libraries at
+            // debug (hyper, wasmtime-wasi-http), but not the compiler's own trace (gigabytes).
+            .args(["--log-format", "json", "--log-level", LOG_FILTER])
             .env_remove("POOLER_DATA_DIR")
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())

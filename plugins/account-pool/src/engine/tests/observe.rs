@@ -1,8 +1,8 @@
 //! What a person sees of each request: its one log line ([`REQUEST_MESSAGE`]) and the
 //! metrics reported through the port.
 
-use super::*;
 use super::scenarios::quota_reject;
+use super::*;
 use std::collections::BTreeMap;
 
 /// The last per-request line, with every field.
