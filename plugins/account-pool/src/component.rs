@@ -32,7 +32,6 @@ use crate::model::{self, Provider};
 use crate::policy::AttemptOutcome;
 use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings};
 use bindings::pooler::plugins::{availability_listener, incoming_client, types};
-use pooler_plugin_kit::Metrics as _;
 use pooler_plugin_kit::component::{WitDb, WitLog, WitMetrics};
 use wasi_http::WasiUpstream;
 

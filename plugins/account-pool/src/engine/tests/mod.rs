@@ -47,6 +47,9 @@ impl Future for Yield {
     }
 }
 
+/// One log line: its message and fields.
+type LogLine = (String, Vec<(String, String)>);
+
 /// The manual clock, a counter-based random source, a log sink, and the client's leaving
 /// (a flag the test raises, or has a sleep or an upstream call raise).
 struct Env {
@@ -59,7 +62,7 @@ struct Env {
     /// The client leaves when the sleep with this number (1 = the first) begins.
     leave_at_sleep: Cell<Option<usize>>,
     /// Every log line with its fields, as given.
-    lines: RefCell<Vec<(String, Vec<(String, String)>)>>,
+    lines: RefCell<Vec<LogLine>>,
     /// What was reported through the metrics port.
     metrics: pooler_plugin_kit::metrics::Recorded,
 }
