@@ -42,6 +42,7 @@ pub mod retry {
             "pooler:plugins/types": super::pool::pooler::plugins::types,
             "pooler:plugins/sqlite": super::pool::pooler::plugins::sqlite,
             "pooler:plugins/log": super::pool::pooler::plugins::log,
+            "pooler:plugins/metrics": super::pool::pooler::plugins::metrics,
         },
     });
 }

@@ -351,6 +351,18 @@ pub(crate) async fn deliver(queue: Arc<ChangeQueue>, host: Weak<Shared>) {
                 Ok(()) => {
                     failures = 0;
                     queue.delivered();
+                    // One line per availability signal delivered (coalesced per provider).
+                    tracing::info!(provider = ?change.provider, causes = ?change.causes, detected_at = change.detected_at, "availability change delivered");
+                    let provider = match change.provider {
+                        crate::bindings::types::Provider::Claude => "claude",
+                        crate::bindings::types::Provider::Codex => "codex",
+                    };
+                    let _ = host_handle.metrics().counter_add(
+                        "pooler_availability_changes_total",
+                        "Availability changes the pool signalled that the host delivered, by provider (after coalescing).",
+                        &[("provider", provider)],
+                        1,
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, provider = ?change.provider, "availability change not delivered; will deliver again");

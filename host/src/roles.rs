@@ -53,6 +53,7 @@ const ACCOUNT_POOL: WorldShape = WorldShape {
         "log",
         "availability-listener",
         "incoming-client",
+        "metrics",
     ],
 };
 
@@ -66,7 +67,14 @@ const PROVIDER_RETRY: WorldShape = WorldShape {
         "settings",
     ],
     foreign_exports: &[],
-    imports: &["types", "sqlite", "log", "availability", "threads"],
+    imports: &[
+        "types",
+        "sqlite",
+        "log",
+        "availability",
+        "threads",
+        "metrics",
+    ],
 };
 
 impl Role {
@@ -341,6 +349,38 @@ mod tests {
                 .contains("unexpected imports [pooler:plugins/incoming-client@0.1.0]"),
             "{err}"
         );
+    }
+
+    /// `metrics` is optional for both roles: a plugin that reports nothing (an older one,
+    /// or one written for another host) loads as well as one that reports.
+    #[test]
+    fn either_plugin_may_import_metrics_and_need_not() {
+        let metrics = "pooler:plugins/metrics@0.1.0";
+        let mut with = pool_surface();
+        with.imports.push(metrics.into());
+        check_world("p", Role::AccountPool, &with).unwrap();
+        check_world("p", Role::AccountPool, &pool_surface()).unwrap();
+        let exports = names(&[
+            "pooler:plugins/availability-listener@0.1.0",
+            "pooler:plugins/turn-events@0.1.0",
+            "pooler:plugins/scheduler@0.1.0",
+            "pooler:plugins/retry-admin@0.1.0",
+            "pooler:plugins/settings@0.1.0",
+        ]);
+        for imports in [
+            names(&["pooler:plugins/sqlite@0.1.0"]),
+            names(&["pooler:plugins/sqlite@0.1.0", metrics]),
+        ] {
+            let retry = Surface {
+                imports,
+                exports: exports.clone(),
+            };
+            check_world("r", Role::ProviderRetry, &retry).unwrap();
+        }
+        // Still only this interface: a look-alike is refused.
+        let mut other = pool_surface();
+        other.imports.push("pooler:plugins/metric@0.1.0".into());
+        assert!(check_world("p", Role::AccountPool, &other).is_err());
     }
 
     #[test]

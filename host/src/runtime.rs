@@ -28,7 +28,9 @@ use crate::imports::incoming_client::IncomingClientView;
 use crate::imports::listener::ChangeSink;
 use crate::imports::sqlite::SqliteView;
 use crate::imports::threads::ThreadsService;
-use crate::imports::{availability, clocks, incoming_client, listener, log, sqlite, threads};
+use crate::imports::{
+    availability, clocks, incoming_client, listener, log, metrics, sqlite, threads,
+};
 use crate::roles::{Role, Surface, check_world};
 use crate::state::{PluginMeta, PluginState, Services};
 
@@ -220,6 +222,7 @@ fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
     })
     .map_err(crate::wasmtime_error)?;
     log::add_to_linker(&mut linker, |s| &mut s.log).map_err(crate::wasmtime_error)?;
+    metrics::add_to_linker(&mut linker, |s| &mut s.metrics).map_err(crate::wasmtime_error)?;
     listener::add_to_linker(&mut linker, |s| &mut s.listener).map_err(crate::wasmtime_error)?;
     availability::add_to_linker(&mut linker, |s| &mut s.availability)
         .map_err(crate::wasmtime_error)?;
@@ -366,6 +369,7 @@ impl Host {
                     availability,
                     changes,
                     databases,
+                    metrics: Arc::default(),
                 },
                 pool,
                 retry,
@@ -377,6 +381,11 @@ impl Host {
     }
 
     /// The routes whose answers the listener records while agent turns run.
+    /// The host's metrics: what `GET /metrics` serves, added to by the host and the plugins.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Registry> {
+        &self.shared.services.metrics
+    }
+
     pub fn taps(&self) -> &Arc<crate::tap::Taps> {
         &self.shared.taps
     }

@@ -3,7 +3,8 @@
 //! flight and records an agent turn's answers ([`crate::tap`]), and hands every other
 //! request to the pool ([`crate::imports::http_in`]). Paths under `/_pooler/` go to the admin
 //! API ([`crate::admin`]), authenticated by the token the server writes to
-//! `DATA_DIR/admin-token` (0600) at start.
+//! `DATA_DIR/admin-token` (0600) at start; `/metrics` to the metrics scrape (same token).
+//! Every request is counted in `pooler_http_requests_total{kind,status}`.
 
 use pooler_core::private_file::{Existing, create_private_file};
 use std::convert::Infallible;
@@ -26,7 +27,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::admin::Admin;
+use crate::admin::{Admin, METRICS_PATH};
 use crate::core_link::CoreLink;
 use crate::imports::http_in::error_response;
 use crate::roles::Role;
@@ -172,9 +173,30 @@ async fn handle(
 ) -> Response<HyperOutgoingBody> {
     let _counted = InFlight::new(in_flight);
     let path = req.uri().path();
-    if path.starts_with(ADMIN_PREFIX) || path == ADMIN_PREFIX.trim_end_matches('/') {
-        return admin.handle(req).await;
-    }
+    let kind = if path == METRICS_PATH {
+        "metrics"
+    } else if path.starts_with(ADMIN_PREFIX) || path == ADMIN_PREFIX.trim_end_matches('/') {
+        "admin"
+    } else {
+        "proxy"
+    };
+    let response = match kind {
+        "metrics" => admin.metrics(&req).await,
+        "admin" => admin.handle(req).await,
+        _ => proxy(host, req).await,
+    };
+    let status = response.status();
+    let _ = host.metrics().counter_add(
+        "pooler_http_requests_total",
+        "Requests through the host's listener, by kind (proxy, admin, metrics) and status.",
+        &[("kind", kind), ("status", status.as_str())],
+        1,
+    );
+    response
+}
+
+/// A request for the pool: refused by the host (too large, no pool), or handed to the pool.
+async fn proxy(host: &Host, req: Request<Incoming>) -> Response<HyperOutgoingBody> {
     let limit = host.config().server.max_body_bytes;
     let declared = req
         .headers()

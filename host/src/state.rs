@@ -18,6 +18,7 @@ use crate::imports::http_out::{AllowList, OutgoingClient, OutgoingPolicy};
 use crate::imports::incoming_client::IncomingClientCtx;
 use crate::imports::listener::{ChangeSink, ListenerCtx};
 use crate::imports::log::LogCtx;
+use crate::imports::metrics::MetricsCtx;
 use crate::imports::sqlite::{ConnectionCache, SqliteCtx};
 use crate::imports::threads::{ThreadsCtx, ThreadsService};
 use crate::roles::Role;
@@ -52,6 +53,8 @@ pub struct Services {
     pub changes: Arc<dyn ChangeSink>,
     /// Plugin database connections between instances.
     pub databases: Arc<ConnectionCache>,
+    /// The metrics registry (`metrics` import, `GET /metrics`).
+    pub metrics: Arc<crate::metrics::Registry>,
 }
 
 /// The data of one `Store`.
@@ -65,6 +68,7 @@ pub struct PluginState {
     outgoing: OutgoingPolicy,
     pub(crate) sqlite: SqliteCtx,
     pub(crate) log: LogCtx,
+    pub(crate) metrics: MetricsCtx,
     pub(crate) listener: ListenerCtx,
     pub(crate) availability: AvailabilityCtx,
     pub(crate) threads: ThreadsCtx,
@@ -104,6 +108,7 @@ impl PluginState {
             ),
             sqlite: SqliteCtx::new(meta.dir.clone(), services.databases.clone()),
             log: LogCtx::new(id.clone()),
+            metrics: MetricsCtx::new(id.clone(), services.metrics.clone()),
             listener: ListenerCtx::new(id.clone(), services.changes.clone()),
             availability: AvailabilityCtx::new(id.clone(), services.availability.clone()),
             threads: ThreadsCtx::new(id, services.threads.clone()),

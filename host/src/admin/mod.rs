@@ -77,6 +77,8 @@ areas! {
 
 mod fields;
 pub use fields::Fields;
+mod scrape;
+pub use scrape::METRICS_PATH;
 
 /// The admin API of one server.
 pub struct Admin {

@@ -103,17 +103,17 @@ pub fn main() -> ExitCode {
     // Usage errors exit 2, --help and --version 0 (clap's convention).
     let cli = Cli::parse();
     // `serve` logs at info; a client command only says what went wrong.
-    let default_filter = match cli.command {
-        Command::Serve(_) => "info",
-        _ => "warn",
+    let (format, level, default_filter) = match &cli.command {
+        Command::Serve(args) => (args.log_format, args.log_level.as_deref(), "info"),
+        _ => (crate::logging::LogFormat::Text, None, "warn"),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    match crate::logging::filter(level, default_filter) {
+        Ok(filter) => crate::logging::init(format, filter),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {

@@ -21,7 +21,10 @@ use crate::wire::ADMIN_TOKEN_FILE;
 #[command(after_help = "Examples:\n  \
     pooler serve\n  \
     pooler serve --listen 127.0.0.1:9000 --config ~/.config/pooler/pooler.toml\n  \
-    POOLER_DATA_DIR=/tmp/pooler pooler serve --listen 127.0.0.1:0   # any free port")]
+    POOLER_DATA_DIR=/tmp/pooler pooler serve --listen 127.0.0.1:0   # any free port\n  \
+    pooler serve --log-format json --log-level debug   # for a log collector\n\n\
+    Metrics: GET /metrics on the listen address, in the Prometheus text format, with \
+    `Authorization: Bearer <token>` (the admin token file).")]
 pub struct ServeArgs {
     /// Configuration file (TOML). Without it the defaults apply.
     #[arg(long, value_name = "FILE")]
@@ -32,6 +35,15 @@ pub struct ServeArgs {
     /// Data directory (default: $POOLER_DATA_DIR, else the platform's data directory).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// How log lines are written to standard error: `text`, or `json` (one object per line,
+    /// a plugin's fields as members of their own).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
+    /// Which log lines are written: a level (`trace`, `debug`, `info`, `warn`, `error`, `off`)
+    /// or a filter such as `info,pooler::plugin=debug`. Default: $RUST_LOG, else `info`.
+    /// Secrets are never logged, at any level.
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
 }
 
 pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {

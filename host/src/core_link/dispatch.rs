@@ -97,6 +97,12 @@ impl Inner {
                 .postpone(&claim, now + GATE_FAILURE_PAUSE_MS, &why)
                 .map(drop)
         };
+        let verdict_word = match &verdict {
+            Ok(Ok(DispatchVerdict::Proceed)) => "dispatched",
+            Ok(Ok(DispatchVerdict::WaitUntil(_))) => "postponed",
+            Ok(Ok(DispatchVerdict::Drop(_))) => "dropped",
+            Ok(Err(_)) | Err(_) => "gate-failed",
+        };
         let result = match verdict {
             Ok(Ok(DispatchVerdict::Proceed)) => match self.core.dispatch(&claim) {
                 Ok(plan) => {
@@ -122,6 +128,16 @@ impl Inner {
             )),
             Err(e) => failed_gate(format!("before-dispatch failed: {e}")),
         };
+        let counted = match (&verdict_word, &result) {
+            (_, Err(_)) => "not-dispatched",
+            (word, Ok(())) => *word,
+        };
+        let _ = host.metrics().counter_add(
+            "pooler_core_dispatches_total",
+            "Due rows of the retry queue through the dispatch gate, by result (dispatched, postponed, dropped, gate-failed, not-dispatched).",
+            &[("result", counted)],
+            1,
+        );
         match result {
             Ok(()) => {}
             // The row changed while its gate ran (rescheduled, cancelled, sent by a

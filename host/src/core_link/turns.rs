@@ -24,14 +24,33 @@ impl Inner {
         let inner = self.clone();
         tokio::spawn(async move {
             let stop = closed(inner.signals.subscribe());
-            tokio::select! {
+            let started = inner.now();
+            // One line per turn when it ends: what became of it and how long it took.
+            let ended = tokio::select! {
                 result = inner.run_turn(&plan) => match result {
-                    Ok(event) => tracing::debug!(thread = %plan.thread, request = %plan.request, event, "turn recorded"),
-                    Err(e) => tracing::error!(thread = %plan.thread, request = %plan.request, error = %e, "turn outcome not recorded"),
+                    Ok(event) => {
+                        tracing::info!(thread = %plan.thread, request = %plan.request, attempt = plan.attempt, event, ms = inner.now().saturating_sub(started), "turn ended");
+                        "recorded"
+                    }
+                    Err(e) => {
+                        tracing::error!(thread = %plan.thread, request = %plan.request, error = %e, "turn outcome not recorded");
+                        "not-recorded"
+                    }
                 },
                 // The host is stopping: the turn stays running in the database, and the next
                 // start records it as interrupted (what a crash would leave).
-                _ = stop => tracing::info!(thread = %plan.thread, request = %plan.request, "turn abandoned: the host is stopping"),
+                _ = stop => {
+                    tracing::info!(thread = %plan.thread, request = %plan.request, "turn abandoned: the host is stopping");
+                    "abandoned"
+                }
+            };
+            if let Ok(host) = inner.host() {
+                let _ = host.metrics().counter_add(
+                    "pooler_core_turns_total",
+                    "Turns the core ran, by how they ended (recorded, not-recorded, abandoned).",
+                    &[("ended", ended)],
+                    1,
+                );
             }
             inner.signals.modify(|a| {
                 a.turns -= 1;

@@ -88,7 +88,7 @@ impl Host for &mut ListenerCtx {
         &mut self,
         change: AvailabilityChange,
     ) -> wasmtime::Result<Result<(), PluginError>> {
-        tracing::debug!(plugin = &*self.plugin, provider = ?change.provider, causes = ?change.causes, "availability changed");
+        tracing::info!(plugin = &*self.plugin, provider = ?change.provider, causes = ?change.causes, "availability change signalled");
         coalesce(&mut self.pending, change);
         Ok(Ok(()))
     }

@@ -1,5 +1,7 @@
 //! The `log` import: a plugin's log lines go to the host's `tracing` output, each tagged with
-//! the calling plugin's id (`plugin` field, target `pooler::plugin`).
+//! the calling plugin's id (`plugin` field, target `pooler::plugin`). Its fields are given
+//! twice: `fields`, as `name=value` text, and `fields_json`, as one JSON object, so each log
+//! format ([`crate::logging`]) shows them as fields of their own.
 
 use std::sync::Arc;
 
@@ -46,6 +48,17 @@ fn truncate(text: &mut String, max: usize) {
     }
 }
 
+/// The fields as one JSON object (the JSON log format spreads it into the line, see
+/// [`crate::logging`]); `None` when it would pass `max` bytes (the text form, cut, stays).
+fn fields_json(fields: &[(String, String)], max: usize) -> Option<String> {
+    let object: serde_json::Map<String, serde_json::Value> = fields
+        .iter()
+        .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone())))
+        .collect();
+    let text = serde_json::Value::Object(object).to_string();
+    (text.len() <= max).then_some(text)
+}
+
 impl Host for &mut LogCtx {
     fn log(
         &mut self,
@@ -64,22 +77,23 @@ impl Host for &mut LogCtx {
             &mut fields_text,
             MAX_LINE_BYTES.saturating_sub(message.len()),
         );
+        let fields_json = fields_json(&fields, MAX_LINE_BYTES.saturating_sub(message.len()));
         let plugin = &*self.plugin;
         match level {
             Level::Trace => {
-                tracing::trace!(target: "pooler::plugin", plugin, fields = %fields_text, "{message}")
+                tracing::trace!(target: "pooler::plugin", plugin, fields = %fields_text, fields_json = fields_json.as_deref(), "{message}")
             }
             Level::Debug => {
-                tracing::debug!(target: "pooler::plugin", plugin, fields = %fields_text, "{message}")
+                tracing::debug!(target: "pooler::plugin", plugin, fields = %fields_text, fields_json = fields_json.as_deref(), "{message}")
             }
             Level::Info => {
-                tracing::info!(target: "pooler::plugin", plugin, fields = %fields_text, "{message}")
+                tracing::info!(target: "pooler::plugin", plugin, fields = %fields_text, fields_json = fields_json.as_deref(), "{message}")
             }
             Level::Warn => {
-                tracing::warn!(target: "pooler::plugin", plugin, fields = %fields_text, "{message}")
+                tracing::warn!(target: "pooler::plugin", plugin, fields = %fields_text, fields_json = fields_json.as_deref(), "{message}")
             }
             Level::Error => {
-                tracing::error!(target: "pooler::plugin", plugin, fields = %fields_text, "{message}")
+                tracing::error!(target: "pooler::plugin", plugin, fields = %fields_text, fields_json = fields_json.as_deref(), "{message}")
             }
         }
         Ok(())
@@ -89,6 +103,19 @@ impl Host for &mut LogCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fields_become_one_json_object_unless_too_long() {
+        let fields = vec![
+            ("thread".to_string(), "t \"1\"".to_string()),
+            ("outcome".to_string(), "served".to_string()),
+        ];
+        let text = fields_json(&fields, 1000).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["thread"], "t \"1\"");
+        assert_eq!(value["outcome"], "served");
+        assert_eq!(fields_json(&fields, 10), None);
+    }
 
     #[test]
     fn long_lines_are_cut_on_a_character_boundary() {

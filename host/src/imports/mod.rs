@@ -10,5 +10,6 @@ pub mod http_out;
 pub mod incoming_client;
 pub mod listener;
 pub mod log;
+pub mod metrics;
 pub mod sqlite;
 pub mod threads;

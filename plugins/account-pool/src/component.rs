@@ -15,6 +15,7 @@ mod bindings {
             // The shared imports are the kit's, so its adapters take and give these types.
             "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
             "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
+            "pooler:plugins/metrics@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::metrics,
         },
         generate_all,
     });
@@ -31,7 +32,7 @@ use crate::model::{self, Provider};
 use crate::policy::AttemptOutcome;
 use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings};
 use bindings::pooler::plugins::{availability_listener, incoming_client, types};
-use pooler_plugin_kit::component::{WitDb, WitLog};
+use pooler_plugin_kit::component::{WitDb, WitLog, WitMetrics};
 use wasi_http::WasiUpstream;
 
 /// The pool's database file name (`pool.sqlite3` in the plugin's directory).
@@ -77,6 +78,15 @@ impl Random for WasiEnv {
 }
 
 /// The engine's log port: the kit's WIT log adapter.
+impl pooler_plugin_kit::Metrics for WasiEnv {
+    fn counter_add(&self, name: &str, labels: &[(&str, &str)], delta: u64) {
+        WitMetrics.counter_add(name, labels, delta);
+    }
+    fn observe(&self, name: &str, labels: &[(&str, &str)], seconds: f64) {
+        WitMetrics.observe(name, labels, seconds);
+    }
+}
+
 impl Log for WasiEnv {
     fn log(&self, level: Level, message: &str, fields: &[(&str, String)]) {
         WitLog.log(level, message, fields);

@@ -10,10 +10,12 @@
 //! with: {
 //!     "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
 //!     "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
+//!     "pooler:plugins/metrics@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::metrics,
 //! },
 //! ```
 
-/// Bindings for the shared imports only: the contract's `sqlite` and `log` interfaces.
+/// Bindings for the shared imports only: the contract's `sqlite`, `log` and `metrics`
+/// interfaces.
 pub mod wit {
     wit_bindgen::generate!({
         path: "../../wit",
@@ -23,16 +25,18 @@ pub mod wit {
             world guest-adapters {
                 import pooler:plugins/sqlite@0.1.0;
                 import pooler:plugins/log@0.1.0;
+                import pooler:plugins/metrics@0.1.0;
             }
         ",
         generate_all,
     });
 }
 
-pub use wit::pooler::plugins::{log as wit_log, sqlite};
+pub use wit::pooler::plugins::{log as wit_log, metrics as wit_metrics, sqlite};
 
 use crate::db::{Db, DbError, Rows, Value};
 use crate::log::{Level, Log};
+use crate::metrics::Metrics;
 
 /// A [`Db`] over the WIT `sqlite.connection`.
 pub struct WitDb(pub sqlite::Connection);
@@ -135,5 +139,25 @@ impl Log for WitLog {
             .map(|(k, v)| ((*k).to_owned(), v.clone()))
             .collect();
         wit_log::log(to_wit_level(level), message, &fields);
+    }
+}
+
+/// The [`Metrics`] port over the WIT `metrics` import.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WitMetrics;
+
+fn to_wit_labels(labels: &[(&str, &str)]) -> Vec<(String, String)> {
+    labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+impl Metrics for WitMetrics {
+    fn counter_add(&self, name: &str, labels: &[(&str, &str)], delta: u64) {
+        wit_metrics::counter_add(name, &to_wit_labels(labels), delta);
+    }
+    fn observe(&self, name: &str, labels: &[(&str, &str)], seconds: f64) {
+        wit_metrics::observe(name, &to_wit_labels(labels), seconds);
     }
 }

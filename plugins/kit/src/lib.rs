@@ -3,7 +3,8 @@
 //! A plugin's logic never touches WIT types. It reads and writes its state through [`Db`],
 //! which the component implements over the `pooler:plugins/sqlite` import and native tests
 //! implement over rusqlite ([`NativeDb`], feature `native`), so the same SQL runs in both.
-//! It logs through [`Log`] ([`log`]).
+//! It logs through [`Log`] ([`log`]) and reports counters and histograms through
+//! [`Metrics`] ([`metrics`]).
 //!
 //! With feature `component` (wasm32 builds of a plugin) the kit also holds the guest
 //! adapters every plugin needs over the shared imports: `component::WitDb`,
@@ -14,6 +15,7 @@ pub mod cause;
 pub mod db;
 pub mod format;
 pub mod log;
+pub mod metrics;
 
 #[cfg(feature = "component")]
 pub mod component;
@@ -22,3 +24,4 @@ pub mod component;
 pub use db::NativeDb;
 pub use db::{Db, DbError, Row, Rows, Value};
 pub use log::{Level, Log};
+pub use metrics::{Metrics, NoMetrics};

@@ -14,6 +14,7 @@ mod bindings {
         with: {
             "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
             "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
+            "pooler:plugins/metrics@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::metrics,
         },
         generate_all,
     });
@@ -30,7 +31,7 @@ use bindings::wasi::clocks::{monotonic_clock, wall_clock};
 use bindings::wasi::random::random;
 
 use pooler_plugin_kit::DbError;
-use pooler_plugin_kit::component::{WitDb, WitLog};
+use pooler_plugin_kit::component::{WitDb, WitLog, WitMetrics};
 
 /// Rust's std imports some WASI interfaces itself (streams, stdio, environment, exit, the
 /// insecure seed) at the older 0.2 version it was built with. Linking `wasip2`'s
@@ -190,7 +191,7 @@ fn with_engine<T, E: From<DbError>>(
 ) -> Result<T, E> {
     let db = open_db()?;
     let host = Host;
-    let engine = Engine::new(&db, &host, &host, &host, &host, &WitLog);
+    let engine = Engine::new(&db, &host, &host, &host, &host, &WitLog).with_metrics(&WitMetrics);
     f(&engine)
 }
 

@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 
-use pooler_plugin_kit::Db;
+use pooler_plugin_kit::{Db, Metrics, NoMetrics};
 
 mod admin;
 mod dispatch;
@@ -49,6 +49,8 @@ pub struct Engine<'a, D: Db> {
     pub clock: &'a dyn Clock,
     pub random: &'a dyn Random,
     pub log: &'a dyn Log,
+    /// Where each recorded step is counted (`metrics` import; nothing by default).
+    pub metrics: &'a dyn Metrics,
     /// The chunk of a pass in progress (empty otherwise).
     chunk: RefCell<Chunk>,
 }
@@ -112,7 +114,15 @@ impl<'a, D: Db> Engine<'a, D> {
             clock,
             random,
             log,
+            metrics: &NoMetrics,
             chunk: RefCell::default(),
         }
+    }
+
+    /// The engine reporting every recorded step to `metrics`
+    /// (`pooler_retry_decisions_total`, `pooler_retry_rows_moved_total`, see `steps`).
+    pub fn with_metrics(mut self, metrics: &'a dyn Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }

@@ -74,7 +74,9 @@ impl From<DbError> for AccountsError {
     }
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Admin<'a, D, U, E>
+{
     fn info(&self, a: &AccountState) -> Result<AccountInfo, DbError> {
         let now = self.env.now();
         let threshold = self.store.settings()?.switch_threshold;

@@ -17,7 +17,9 @@ pub struct Change {
     pub detected_at: u64,
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Admin<'a, D, U, E>
+{
     /// The availability answer for a thread's next request (pure read).
     pub fn availability(
         &self,

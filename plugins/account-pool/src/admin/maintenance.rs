@@ -11,7 +11,9 @@ use pooler_plugin_kit::{Db, DbError};
 /// Attempts older than this are dropped by the tick.
 const ATTEMPT_RETENTION_MS: u64 = 24 * 3_600_000;
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Admin<'a, D, U, E>
+{
     /// Periodic work: detect ended holds and passed resets (queueing signals), drop
     /// expired pins and old attempts, refresh tokens that expire soon and usage when due.
     pub async fn tick(&self, now: u64) -> Result<(), DbError> {

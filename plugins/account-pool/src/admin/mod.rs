@@ -33,13 +33,20 @@ use crate::store::Store;
 use pooler_plugin_kit::{Db, DbError};
 
 /// The pool's operations, borrowing its capabilities for one call.
-pub struct Admin<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> {
+pub struct Admin<
+    'a,
+    D: Db,
+    U: Upstream,
+    E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics,
+> {
     store: Store<'a, D>,
     engine: Engine<'a, D, U, E>,
     env: &'a E,
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Admin<'a, D, U, E>
+{
     /// Open the operations (migrating the schema if needed).
     pub fn new(db: &'a D, upstream: &'a U, env: &'a E) -> Result<Self, DbError> {
         let store = Store::new(db);

@@ -98,7 +98,9 @@ fn valid_endpoint(s: &str) -> bool {
     })
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Admin<'a, D, U, E>
+{
     /// Open (or re-open, replacing the token) a thread's route for a provider.
     pub fn open_route(
         &self,

@@ -29,7 +29,9 @@ pub struct SettingInfo {
     pub description: String,
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Admin<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Admin<'a, D, U, E>
+{
     pub fn list_settings(&self) -> Result<Vec<SettingInfo>, SettingsError> {
         let pairs = self.store.setting_pairs()?;
         Ok(settings::SPECS

@@ -135,6 +135,7 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Erro
                 };
                 left = rest;
             }
+            engine.refused(parts.method.as_str(), parts.uri.path(), &response);
             return Ok(to_wstd(response));
         }
         engine::Screen::Admitted(admitted) => {

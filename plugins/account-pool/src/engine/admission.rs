@@ -181,7 +181,9 @@ impl Snapshot {
     }
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Engine<'a, D, U, E>
+{
     /// Look at a request's head before its body is read: its settings and route token,
     /// in one read transaction. A request the pool would refuse whatever its body holds is
     /// answered now, so a caller need not keep a body (up to `max-request-body` of it) only
@@ -260,9 +262,18 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
             info,
             snapshot,
         } = match decision {
-            Decision::Refused(response) => return Ok(response),
+            Decision::Refused(response) => {
+                self.report.borrow_mut().outcome = Some("refused");
+                return Ok(response);
+            }
             Decision::Routed(routed) => *routed,
         };
+        {
+            let mut report = self.report.borrow_mut();
+            report.provider = Some(snapshot.provider);
+            report.thread = Some(thread.clone());
+            report.session = info.key.as_deref().map(super::report::session_hash);
+        }
         let ctx = Ctx {
             provider: snapshot.provider,
             req,

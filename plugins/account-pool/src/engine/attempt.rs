@@ -65,7 +65,9 @@ enum Next<B> {
     Done(Attempt<B>),
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Engine<'a, D, U, E>
+{
     /// One account: send, classify, and retry the same account where the outcome table
     /// says so (transient failures with backoff, one short-429 wait, one token refresh).
     /// Every wait and upstream call races against the client's leaving, except a token
@@ -82,6 +84,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
             refreshed: false,
             status: None,
         };
+        let sends_before = self.sends.get();
         loop {
             let next = match self.send_try(ctx, state, &mut tries).await? {
                 Ok((credential, response)) => {
@@ -91,6 +94,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
                 Err(next) => next,
             };
             if let Next::Done(attempt) = next {
+                // Every upstream call after the attempt's first repeated it on this account.
+                let repeats = self
+                    .sends
+                    .get()
+                    .saturating_sub(sends_before)
+                    .saturating_sub(1);
+                self.report
+                    .borrow_mut()
+                    .retried(&state.id, u64::from(repeats));
                 return Ok(attempt);
             }
         }
@@ -129,7 +141,18 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         self.sends.set(self.sends.get() + 1);
         tries.status = None;
         // Dropped unanswered when the client goes: wasi:http then aborts the request.
-        let sent = match unless_gone(self.env, self.upstream.send(request)).await {
+        let sent_at = self.env.now();
+        let sent = unless_gone(self.env, self.upstream.send(request)).await;
+        let status = match &sent {
+            Raced::Done(Ok(response)) => Some(response.status),
+            _ => None,
+        };
+        self.report.borrow_mut().sends.push(super::report::Call {
+            account: state.id.clone(),
+            status,
+            ms: self.env.now().saturating_sub(sent_at),
+        });
+        let sent = match sent {
             Raced::Done(sent) => sent,
             Raced::Gone => return cancelled(None),
         };

@@ -30,7 +30,9 @@ pub enum Refreshed {
     Transient(String),
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Engine<'a, D, U, E>
+{
     /// The credential to send now, refreshing an OAuth token that expires soon (§8). A
     /// refused proactive refresh keeps a valid token serving with the sign-in flag (#6167).
     pub(super) async fn usable_credential(

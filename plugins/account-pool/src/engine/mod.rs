@@ -25,6 +25,7 @@ mod admission;
 mod attempt;
 mod credentials;
 mod ports;
+mod report;
 mod routing;
 mod usage;
 
@@ -34,6 +35,7 @@ pub use ports::{
     Cancel, Clock, Deadlines, Level, Log, Random, TransportError, Upstream, UpstreamRequest,
     UpstreamResponse, new_id,
 };
+pub use report::{REQUEST_MESSAGE, session_hash};
 pub use usage::{EXHAUSTED_RECHECK_MS, UsageFailure, codex_usage_url};
 
 use crate::http::{self, Headers, PoolError, RouteMatch};
@@ -131,7 +133,12 @@ impl<B> Response<B> {
 }
 
 /// The engine, borrowing its capabilities for one call.
-pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> {
+pub struct Engine<
+    'a,
+    D: Db,
+    U: Upstream,
+    E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics,
+> {
     store: Store<'a, D>,
     upstream: &'a U,
     env: &'a E,
@@ -143,6 +150,8 @@ pub struct Engine<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> {
     last_try: std::cell::Cell<u64>,
     /// Upstream calls this request has made (for the log line of a cancelled request).
     sends: std::cell::Cell<u32>,
+    /// What the request came to so far: its one log line and its metrics at the end.
+    report: std::cell::RefCell<report::Report>,
 }
 
 /// The per-request facts every attempt needs.
@@ -154,7 +163,9 @@ struct Ctx<'r> {
     settings: &'r Settings,
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Engine<'a, D, U, E>
+{
     pub fn new(db: &'a D, upstream: &'a U, env: &'a E) -> Self {
         Engine {
             store: Store::new(db),
@@ -163,6 +174,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
             admitted: None,
             last_try: std::cell::Cell::new(0),
             sends: std::cell::Cell::new(0),
+            report: std::cell::RefCell::default(),
         }
     }
 
@@ -173,14 +185,18 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         self
     }
 
-    /// Serve one client request. Storage failures become the pool's own 503.
+    /// Serve one client request. Storage failures become the pool's own 503. When the
+    /// answer's head is ready the request's one log line and its metrics are written
+    /// ([`report`]).
     pub async fn handle(&self, req: IncomingRequest) -> Response<U::Body> {
+        let start = self.env.now();
         let shape = match http::match_route(&req.method, &req.path) {
             RouteMatch::Endpoint(e) => e.provider(),
             RouteMatch::MethodNotAllowed(p) => p,
             RouteMatch::NotFound(p) => p.unwrap_or(Provider::Claude),
         };
-        match self.handle_inner(&req).await {
+        self.report.borrow_mut().provider = Some(shape);
+        let response = match self.handle_inner(&req).await {
             Ok(r) => r,
             Err(e) => {
                 self.env.log(
@@ -188,12 +204,42 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
                     "Account Pooler storage failed",
                     &[("error", e.to_string())],
                 );
+                self.report.borrow_mut().outcome = Some("error");
                 Response::pool(
                     shape,
                     &PoolError::pool(503, "Account Pooler storage is unavailable; try again."),
                 )
             }
+        };
+        self.finish(&response, self.env.now().saturating_sub(start));
+        response
+    }
+
+    /// Write the request's line and metrics for `response`, `total_ms` after it started.
+    fn finish(&self, response: &Response<U::Body>, total_ms: u64) {
+        let report = self.report.take();
+        report.emit(
+            self.env,
+            self.env,
+            response.status,
+            report::is_own(&response.headers),
+            total_ms,
+        );
+    }
+
+    /// A request [`Engine::screen`] refused: its line and metrics (outcome `refused`).
+    pub fn refused(&self, method: &str, path: &str, response: &Response<U::Body>) {
+        let provider = match http::match_route(method, path) {
+            RouteMatch::Endpoint(e) => Some(e.provider()),
+            RouteMatch::MethodNotAllowed(p) => Some(p),
+            RouteMatch::NotFound(p) => p,
+        };
+        {
+            let mut report = self.report.borrow_mut();
+            report.provider = provider;
+            report.outcome = Some("refused");
         }
+        self.finish(response, 0);
     }
 }
 

@@ -65,7 +65,9 @@ enum Step<B> {
     Answer(Response<B>),
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Engine<'a, D, U, E>
+{
     /// The attempt loop, from what the request read before choosing: each pass chooses
     /// an account, claims a new session's pin, gets past a hold, and attempts it, until
     /// one answers the client or none is left.
@@ -117,6 +119,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
                 }
                 break;
             };
+            self.report.borrow_mut().chosen.push((id.clone(), role));
             if self.claim_new_session(ctx, thread, &id, role, now, &mut p)? {
                 continue;
             }
@@ -265,6 +268,16 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
                     }
                     self.note_attempt(ctx, now, id, Some(response.status), outcome)
                 })?;
+                {
+                    let mut report = self.report.borrow_mut();
+                    let detour = report.attempts.last().is_some_and(|(_, o)| *o == "detour");
+                    report.answered_by = Some(id.to_owned());
+                    report.outcome = Some(match (served, detour) {
+                        (true, true) => "detour",
+                        (true, false) => "served",
+                        (false, _) => "passed-through",
+                    });
+                }
                 Ok(Step::Answer(self.relay(ctx, id, response)))
             }
             Attempt::Cancelled { status } => {
@@ -305,6 +318,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
             self.store.release_claim(provider, key, pin.generation)?;
         }
         let now = self.env.now();
+        self.report.borrow_mut().outcome = Some("failed");
         let error = match p.failure {
             Some(f) => f,
             None => self.none_eligible(ctx, now)?,
@@ -341,6 +355,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         if let (Some(key), Some(p)) = (ctx.key, pin.filter(|p| p.claimed)) {
             self.store.release_claim(ctx.provider, key, p.generation)?;
         }
+        self.report.borrow_mut().outcome = Some("cancelled");
         self.env.log(
             Level::Info,
             CANCELLED_MESSAGE,
@@ -444,6 +459,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, 
         status: Option<u16>,
         outcome: AttemptOutcome,
     ) -> Result<(), DbError> {
+        self.report
+            .borrow_mut()
+            .attempts
+            .push((account.to_owned(), outcome.as_str()));
         match ctx.key {
             Some(key) => {
                 self.store

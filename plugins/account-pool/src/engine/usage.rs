@@ -43,7 +43,9 @@ impl std::fmt::Display for UsageFailure {
     }
 }
 
-impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel> Engine<'a, D, U, E> {
+impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
+    Engine<'a, D, U, E>
+{
     /// Merge a quota observation and queue a signal when it moved the account's blocking
     /// time.
     pub fn observe(

@@ -6,6 +6,7 @@ use pooler_plugin_kit::Db;
 
 use super::{Engine, Freshness, dependency, query_of};
 use crate::policy::PoolAnswer;
+use crate::ports::Level;
 use crate::settings::Settings;
 use crate::store::{self, Chain, ChainState};
 use crate::types::{
@@ -304,6 +305,75 @@ impl<D: Db> Engine<'_, D> {
                 reason: reason.to_owned(),
             },
         )?;
+        self.report_step(chain, trigger, action, reason);
         Ok(())
+    }
+
+    /// Every recorded step, for people: one log line (info; debug for `unchanged`, which a
+    /// re-evaluation pass records for every candidate it leaves be) and the counters
+    /// `pooler_retry_decisions_total{kind,trigger}` and, for a moved row,
+    /// `pooler_retry_rows_moved_total{direction}` (`earlier` or `later`).
+    fn report_step(&self, chain: &Chain, trigger: &Trigger, action: Action, reason: &str) {
+        let kind = action_word(action);
+        let trigger = trigger_word(trigger);
+        self.metrics.counter_add(
+            "pooler_retry_decisions_total",
+            &[("kind", kind), ("trigger", trigger)],
+            1,
+        );
+        let mut fields = vec![
+            ("thread", chain.thread.clone()),
+            ("request", chain.failed_request.clone()),
+            ("kind", kind.to_owned()),
+            ("trigger", trigger.to_owned()),
+            ("reason", reason.to_owned()),
+        ];
+        match action {
+            Action::Rescheduled(old, new) if old != new => {
+                let direction = if new < old { "earlier" } else { "later" };
+                self.metrics.counter_add(
+                    "pooler_retry_rows_moved_total",
+                    &[("direction", direction)],
+                    1,
+                );
+                fields.push(("direction", direction.to_owned()));
+                fields.push(("send_at", new.to_string()));
+            }
+            Action::Scheduled(at) => fields.push(("send_at", at.to_string())),
+            _ => {}
+        }
+        let level = if action == Action::Unchanged {
+            Level::Debug
+        } else {
+            Level::Info
+        };
+        self.log.log(level, "retry step", &fields);
+    }
+}
+
+/// An action's stable word (the `kind` label).
+fn action_word(action: Action) -> &'static str {
+    match action {
+        Action::Scheduled(_) => "scheduled",
+        Action::Rescheduled(..) => "rescheduled",
+        Action::Watching => "watching",
+        Action::Declined => "declined",
+        Action::Dropped => "dropped",
+        Action::Dispatched(_) => "dispatched",
+        Action::Resolved => "resolved",
+        Action::Unchanged => "unchanged",
+    }
+}
+
+/// A trigger's stable word (the `trigger` label).
+fn trigger_word(trigger: &Trigger) -> &'static str {
+    match trigger {
+        Trigger::Failure => "failure",
+        Trigger::Signal(_) => "signal",
+        Trigger::Start => "start",
+        Trigger::Tick => "tick",
+        Trigger::Due => "due",
+        Trigger::Person => "person",
+        Trigger::Dispatch => "dispatch",
     }
 }

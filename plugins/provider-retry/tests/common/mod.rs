@@ -417,6 +417,8 @@ pub struct World {
     pub clock: Rc<FakeClock>,
     pub random: SeqRandom,
     pub log: Lines,
+    /// What the engine reported through the metrics port.
+    pub metrics: pooler_plugin_kit::metrics::Recorded,
 }
 
 impl World {
@@ -441,6 +443,7 @@ impl World {
             clock,
             random: SeqRandom(Cell::new(0x9E37_79B9_7F4A_7C15)),
             log: Lines::default(),
+            metrics: Default::default(),
         }
     }
 
@@ -454,6 +457,7 @@ impl World {
             &self.random,
             &self.log,
         )
+        .with_metrics(&self.metrics)
     }
 
     /// A thread whose first turn `request` failed with `failure`; returns the event the core

@@ -13,6 +13,7 @@
 mod admin;
 mod cancel;
 mod edges;
+mod observe;
 mod scenarios;
 mod storage;
 
@@ -48,6 +49,9 @@ impl Future for Yield {
     }
 }
 
+/// One log line: its message and fields.
+type LogLine = (String, Vec<(String, String)>);
+
 /// The manual clock, a counter-based random source, a log sink, and the client's leaving
 /// (a flag the test raises, or has a sleep or an upstream call raise).
 struct Env {
@@ -59,6 +63,10 @@ struct Env {
     gone: std::rc::Rc<Cell<bool>>,
     /// The client leaves when the sleep with this number (1 = the first) begins.
     leave_at_sleep: Cell<Option<usize>>,
+    /// Every log line with its fields, as given.
+    lines: RefCell<Vec<LogLine>>,
+    /// What was reported through the metrics port.
+    metrics: pooler_plugin_kit::metrics::Recorded,
 }
 
 impl Env {
@@ -70,6 +78,8 @@ impl Env {
             logs: RefCell::new(Vec::new()),
             gone: std::rc::Rc::new(Cell::new(false)),
             leave_at_sleep: Cell::new(None),
+            lines: RefCell::default(),
+            metrics: Default::default(),
         }
     }
     fn advance(&self, ms: u64) {
@@ -126,6 +136,34 @@ impl Random for Env {
 impl Log for Env {
     fn log(&self, _level: Level, message: &str, fields: &[(&str, String)]) {
         self.logs.borrow_mut().push(format!("{message} {fields:?}"));
+        self.lines.borrow_mut().push((
+            message.to_owned(),
+            fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+        ));
+    }
+}
+
+impl pooler_plugin_kit::Metrics for Env {
+    fn counter_add(&self, name: &str, labels: &[(&str, &str)], delta: u64) {
+        self.metrics.counter_add(name, labels, delta);
+    }
+    fn observe(&self, name: &str, labels: &[(&str, &str)], seconds: f64) {
+        self.metrics.observe(name, labels, seconds);
+    }
+}
+
+impl Env {
+    /// The fields of every per-request line ([`REQUEST_MESSAGE`]), in order.
+    fn request_lines(&self) -> Vec<std::collections::BTreeMap<String, String>> {
+        self.lines
+            .borrow()
+            .iter()
+            .filter(|(m, _)| m == REQUEST_MESSAGE)
+            .map(|(_, f)| f.iter().cloned().collect())
+            .collect()
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn quota_reject(window: &str, reset_ms: u64) -> Reply {
+pub(super) fn quota_reject(window: &str, reset_ms: u64) -> Reply {
     let prefix = "anthropic-ratelimit-unified-";
     Reply::Status(
         429,

@@ -1,0 +1,642 @@
+//! Secrets never appear in the log or in any command's output. A real `pooler serve` process
+//! logs as JSON to a file (the host, core and plugins at trace, libraries at debug); the test configures API keys, OAuth access and
+//! refresh tokens (and gets new ones from a refresh), route tokens and the admin token,
+//! drives every path of a proxied request — success, an OAuth refresh, an upstream failure,
+//! an upstream 401, the pool's own 401 for a wrong route token — and runs every read command,
+//! then searches the whole log and every output for each secret and for every 12-character
+//! piece of its secret part (so a secret cut short or embedded in a longer string is found
+//! too). It also checks the per-request JSON line has its fields as members.
+
+#![cfg(unix)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod support;
+use support::text;
+
+// The secret part of each is after its provider prefix (what every Claude key shares).
+const KEY_OK: &str = "sk-ant-api03-Qz7xK2pL9mW4vN8rOKOK";
+const KEY_FAIL: &str = "sk-ant-api03-Hj3sD8fG1kL5zX0cFAIL";
+const KEY_BAD: &str = "sk-ant-api03-Tb6yN2mQ9wE4rU7iBADD";
+const ACCESS_OLD: &str = "sk-ant-oat01-Lp4oI8uY2tR6eW1qOLDA";
+const REFRESH_OLD: &str = "sk-ant-ort01-Mn5bV9cX3zA7sD2fOLDR";
+const ACCESS_NEW: &str = "sk-ant-oat01-Gh8jK2lP6oI4uY9tNEWA";
+const REFRESH_NEW: &str = "sk-ant-ort01-Zx1cV5bN9mQ3wE7rNEWR";
+const LOG_FILTER: &str = "debug,pooler=trace,cranelift_codegen=info,cranelift_frontend=info,\
+                          wasmtime_cranelift=info,regalloc2=info,wasmtime=info";
+const PREFIXES: [&str; 3] = ["sk-ant-api03-", "sk-ant-oat01-", "sk-ant-ort01-"];
+
+/// Every 12-character piece of `secret`'s secret part (after a known prefix), and the secret
+/// itself.
+fn pieces(secret: &str) -> Vec<String> {
+    let part = PREFIXES
+        .iter()
+        .find_map(|p| secret.strip_prefix(p))
+        .unwrap_or(secret);
+    let chars: Vec<char> = part.chars().collect();
+    let mut out: Vec<String> = chars
+        .windows(12.min(chars.len()))
+        .map(|w| w.iter().collect())
+        .collect();
+    out.push(secret.to_owned());
+    out
+}
+
+/// The first piece of any of `secrets` found in `haystack`.
+fn leaked<'a>(haystack: &str, secrets: &'a [String]) -> Option<(&'a str, String)> {
+    secrets.iter().find_map(|s| {
+        pieces(s)
+            .into_iter()
+            .find(|p| haystack.contains(p.as_str()))
+            .map(|p| (s.as_str(), p))
+    })
+}
+
+/// The fake Anthropic API and token endpoint on 127.0.0.1, answering by credential: the
+/// strict provider's refusals first, then `KEY_OK` and `ACCESS_NEW` 200, `KEY_FAIL` 500,
+/// `KEY_BAD` and `ACCESS_OLD` 401; `POST /v1/oauth/token` with `REFRESH_OLD` gives
+/// `ACCESS_NEW` / `REFRESH_NEW`.
+fn start_upstream() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            std::thread::spawn(move || serve_one(stream));
+        }
+    });
+    url
+}
+
+fn serve_one(stream: TcpStream) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let method = line.split_whitespace().next().unwrap_or("").to_owned();
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+    let mut headers = HashMap::new();
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).unwrap_or(0) == 0 {
+            return;
+        }
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+        }
+    }
+    let Some(body) = support::read_body(&mut reader, &headers) else {
+        return;
+    };
+    let mut stream = stream;
+    let answer = |stream: &mut TcpStream, status: u16, body: &str| {
+        let _ = write!(
+            stream,
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    };
+    if path.starts_with("/v1/oauth/token") {
+        let sent: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if sent["refresh_token"] == REFRESH_OLD {
+            let reply = serde_json::json!({
+                "access_token": ACCESS_NEW,
+                "refresh_token": REFRESH_NEW,
+                "expires_in": 28_800,
+                "token_type": "Bearer",
+            });
+            answer(&mut stream, 200, &reply.to_string());
+        } else {
+            answer(&mut stream, 400, r#"{"error":"invalid_grant"}"#);
+        }
+        return;
+    }
+    if let Some(refusal) = support::claude_refusal(&method, &path, &headers, &body) {
+        let _ = stream.write_all(&refusal);
+        return;
+    }
+    let credential = headers
+        .get("x-api-key")
+        .cloned()
+        .or_else(|| {
+            headers
+                .get("authorization")
+                .and_then(|a| a.strip_prefix("Bearer ").map(str::to_owned))
+        })
+        .unwrap_or_default();
+    let ok = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
+    let auth_error =
+        r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#;
+    match credential.as_str() {
+        KEY_OK | ACCESS_NEW => answer(&mut stream, 200, ok),
+        KEY_FAIL => answer(
+            &mut stream,
+            500,
+            r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#,
+        ),
+        _ => answer(&mut stream, 401, auth_error),
+    }
+}
+
+/// A `pooler serve` logging JSON at trace level to a file.
+struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    url: String,
+    log: PathBuf,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("pooler.toml");
+        std::fs::write(
+            &config,
+            "[plugins.account-pool]\ncomponent = \"embedded\"\n",
+        )
+        .unwrap();
+        let log = dir.path().join("serve.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            // Everything of the host, the core and the plugins at trace; the libraries at
+            // debug (hyper, wasmtime-wasi-http), but not the compiler's own trace (gigabytes).
+            .args(["--log-format", "json", "--log-level", LOG_FILTER])
+            .env_remove("POOLER_DATA_DIR")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let url = first
+            .strip_prefix("pooler listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_string();
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(format!("{first}\n")));
+        let keep = stdout.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                keep.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        Server {
+            child,
+            dir,
+            data,
+            url,
+            log,
+            stdout,
+        }
+    }
+
+    fn pooler(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pooler"));
+        command
+            .args(args)
+            .env("POOLER_DATA_DIR", &self.data)
+            .env_remove("POOLER_API_KEY")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+
+    fn addr(&self) -> &str {
+        self.url.strip_prefix("http://").unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = &self.dir;
+    }
+}
+
+/// One HTTP/1.1 request over a plain socket; the status and the body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn messages(session: &str) -> String {
+    serde_json::json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello"}],
+        "metadata": {"user_id": format!("user_0123_account__session_{session}")},
+    })
+    .to_string()
+}
+
+/// Every output a command gave, for the search.
+#[derive(Default)]
+struct Outputs(Vec<(String, String)>);
+
+impl Outputs {
+    fn keep(&mut self, what: &str, out: &Output) -> String {
+        let stdout = text(&out.stdout);
+        self.0.push((format!("{what} (stdout)"), stdout.clone()));
+        self.0.push((format!("{what} (stderr)"), text(&out.stderr)));
+        stdout
+    }
+}
+
+fn ok(out: &Output, what: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{what}\nstdout: {}\nstderr: {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// Wait (a safety net, not a timer the test depends on) until the log has a line `pred`
+/// accepts.
+fn wait_for_line(server: &Server, pred: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        if let Some(line) = server
+            .log_text()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| pred(v))
+        {
+            return line;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no such log line in {}",
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn add_key(server: &Server, outputs: &mut Outputs, key: &str, label: &str) -> String {
+    let out = server.pooler(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--api-key",
+            "-",
+            "--label",
+            label,
+            "--json",
+        ],
+        &[],
+        Some(&format!("{key}\n")),
+    );
+    ok(&out, "account add");
+    let stdout = outputs.keep("account add", &out);
+    let added: Value = serde_json::from_str(&stdout).unwrap();
+    added["account"]["id"]
+        .as_str()
+        .or_else(|| added["id"].as_str())
+        .unwrap_or_else(|| panic!("an id in {stdout}"))
+        .to_owned()
+}
+
+fn disable(server: &Server, outputs: &mut Outputs, id: &str) {
+    let out = server.pooler(&["account", "disable", id], &[], None);
+    ok(&out, "account disable");
+    outputs.keep("account disable", &out);
+}
+
+#[test]
+fn no_secret_is_ever_logged_or_printed_on_any_path() {
+    let upstream = start_upstream();
+    let server = Server::start();
+    let mut outputs = Outputs::default();
+    let admin_token = std::fs::read_to_string(server.data.join("admin-token")).unwrap();
+
+    for (key, value) in [
+        ("pool.claude-upstream-url", upstream.clone()),
+        (
+            "pool.claude-token-url",
+            format!("{upstream}/v1/oauth/token"),
+        ),
+    ] {
+        let out = server.pooler(&["config", "set", key, &value], &[], None);
+        ok(&out, "config set");
+        outputs.keep("config set", &out);
+    }
+
+    // A route; its token is a secret everywhere but in `route open`'s own output.
+    let opened = server.pooler(
+        &[
+            "route",
+            "open",
+            "--thread",
+            "thread-s",
+            "--provider",
+            "claude",
+        ],
+        &[],
+        None,
+    );
+    ok(&opened, "route open");
+    let route_token = text(&opened.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("ANTHROPIC_AUTH_TOKEN="))
+        .expect("a token line")
+        .to_owned();
+    let auth = format!("Bearer {route_token}");
+    let send = |session: &str| {
+        http(
+            server.addr(),
+            "POST",
+            "/v1/messages",
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+                ("anthropic-version", "2023-06-01"),
+            ],
+            &messages(session),
+        )
+    };
+
+    // Success with an API key.
+    let ok_id = add_key(&server, &mut outputs, KEY_OK, "ok");
+    let (status, body) = send("s-success");
+    assert_eq!(status, 200, "{body}");
+    disable(&server, &mut outputs, &ok_id);
+
+    // An OAuth account whose access token has expired: refreshed, then it serves.
+    let oauth_file = server.dir.path().join("login.json");
+    std::fs::write(
+        &oauth_file,
+        serde_json::json!({
+            "access_token": ACCESS_OLD,
+            "refresh_token": REFRESH_OLD,
+            "expires_at": 1_000,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out = server.pooler(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--oauth-file",
+            oauth_file.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+        None,
+    );
+    ok(&out, "account add --oauth-file");
+    let added: Value = serde_json::from_str(&outputs.keep("account add oauth", &out)).unwrap();
+    let oauth_id = added["account"]["id"]
+        .as_str()
+        .or_else(|| added["id"].as_str())
+        .expect("an id")
+        .to_owned();
+    let (status, body) = send("s-refresh");
+    assert_eq!(status, 200, "the refreshed token serves: {body}");
+    let out = server.pooler(&["account", "refresh", &oauth_id], &[], None);
+    outputs.keep("account refresh", &out);
+    disable(&server, &mut outputs, &oauth_id);
+
+    // An upstream failure (500 on every try).
+    let fail_id = add_key(&server, &mut outputs, KEY_FAIL, "fail");
+    let (status, _) = send("s-failure");
+    assert!(status >= 500, "{status}");
+    disable(&server, &mut outputs, &fail_id);
+
+    // An upstream 401: the key is refused.
+    add_key(&server, &mut outputs, KEY_BAD, "bad");
+    let (status, _) = send("s-refused");
+    assert!(status == 401 || status >= 500, "{status}");
+
+    // The pool's own 401: a wrong route token that looks like a real one.
+    let wrong = format!("{}x", &route_token[..42]);
+    let (status, _) = http(
+        server.addr(),
+        "POST",
+        "/v1/messages",
+        &[
+            ("Authorization", &format!("Bearer {wrong}")),
+            ("Content-Type", "application/json"),
+        ],
+        &messages("s-wrong"),
+    );
+    assert_eq!(status, 401);
+    // The metrics, with and without the admin token.
+    let (status, metrics) = http(
+        server.addr(),
+        "GET",
+        "/metrics",
+        &[("Authorization", &format!("Bearer {admin_token}"))],
+        "",
+    );
+    assert_eq!(status, 200, "{metrics}");
+    assert!(metrics.contains("pooler_pool_requests_total"), "{metrics}");
+    let (status, refused) = http(server.addr(), "GET", "/metrics", &[], "");
+    assert_eq!(status, 401);
+    outputs.0.push(("GET /metrics".into(), metrics));
+    outputs
+        .0
+        .push(("GET /metrics unauthorized".into(), refused));
+
+    // Every read command.
+    for args in [
+        vec!["account", "list"],
+        vec!["account", "list", "--json"],
+        vec!["account", "show", &ok_id],
+        vec!["account", "show", &oauth_id, "--json"],
+        vec!["session", "explain", "--provider", "claude", "s-refresh"],
+        vec![
+            "session",
+            "explain",
+            "--provider",
+            "claude",
+            "s-refused",
+            "--json",
+        ],
+        vec!["config", "get"],
+        vec!["config", "get", "--json"],
+        vec!["config", "get", "pool.claude-token-url"],
+        vec!["thread", "list"],
+        vec!["retry", "status"],
+    ] {
+        let out = server.pooler(&args, &[], None);
+        outputs.keep(&args.join(" "), &out);
+    }
+    // A command's own failure: a wrong token in the environment of a client (none is
+    // read from there, but a mistaken user may try).
+    let out = server.pooler(&["account", "show", "no-such-account", "--json"], &[], None);
+    outputs.keep("account show (missing)", &out);
+
+    // Each refresh and each request left its lines: the per-request line with its fields as
+    // JSON members, for every path.
+    let served = wait_for_line(&server, |v| {
+        v["message"] == "Account Pooler request" && v["outcome"] == "served"
+    });
+    for field in [
+        "thread",
+        "provider",
+        "session",
+        "account",
+        "why",
+        "attempts",
+        "outcome",
+        "status",
+        "upstream_ms",
+        "added_ms",
+    ] {
+        assert!(served[field].is_string(), "{field} in {served}");
+    }
+    assert_eq!(served["plugin"], "account-pool");
+    assert_eq!(served["thread"], "thread-s");
+    assert!(served.get("fields").is_none(), "{served}");
+    wait_for_line(&server, |v| {
+        v["message"] == "Account Pooler request" && v["outcome"] == "refused"
+    });
+    wait_for_line(&server, |v| {
+        v["message"] == "Account Pooler request" && v["outcome"] == "failed"
+    });
+
+    // Stop the server: the log is complete.
+    let _ = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status();
+    let started = Instant::now();
+    let mut server = server;
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "pooler did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = server.log_text();
+    assert!(log.lines().count() > 50, "a trace-level log: {log}");
+    assert!(
+        log.lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok()),
+        "every line is one JSON object"
+    );
+
+    let secrets: Vec<String> = [
+        KEY_OK,
+        KEY_FAIL,
+        KEY_BAD,
+        ACCESS_OLD,
+        REFRESH_OLD,
+        ACCESS_NEW,
+        REFRESH_NEW,
+        route_token.as_str(),
+        admin_token.trim(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some((secret, piece)) = leaked(&log, &secrets) {
+        let line = log.lines().find(|l| l.contains(&piece)).unwrap_or_default();
+        panic!("the log has a piece `{piece}` of secret `{secret}`: {line}");
+    }
+    let serve_stdout = server.stdout.lock().unwrap().clone();
+    outputs
+        .0
+        .push(("pooler serve (stdout)".into(), serve_stdout));
+    for (what, output) in &outputs.0 {
+        if let Some((secret, piece)) = leaked(output, &secrets) {
+            panic!("{what} printed a piece `{piece}` of secret `{secret}`: {output}");
+        }
+    }
+    // `route open` prints its own route token (that is what it is for), and no other secret.
+    let route_out = text(&opened.stdout);
+    assert!(route_out.contains(&route_token));
+    let others: Vec<String> = secrets
+        .iter()
+        .filter(|s| **s != route_token)
+        .cloned()
+        .collect();
+    assert!(leaked(&route_out, &others).is_none(), "{route_out}");
+    assert!(leaked(&text(&opened.stderr), &secrets).is_none());
+}
+
+/// The search can fail: a secret in a line, whole or in part, is found.
+#[test]
+fn the_search_finds_a_secret_whole_cut_or_embedded() {
+    let secrets = vec![
+        KEY_OK.to_owned(),
+        "0123456789abcdef0123456789abcdef".to_owned(),
+    ];
+    assert!(leaked(&format!("key={KEY_OK}"), &secrets).is_some());
+    assert!(
+        leaked(&format!("key={}", &KEY_OK[..26]), &secrets).is_some(),
+        "cut short"
+    );
+    assert!(
+        leaked("x0123456789abcdef0123y", &secrets).is_some(),
+        "embedded"
+    );
+    assert!(leaked("hint …OKOK, prefix sk-ant-api03-", &secrets).is_none());
+}
