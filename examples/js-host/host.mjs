@@ -303,6 +303,20 @@ const availability = {
   },
 };
 
+// ---- metrics: what the plugins count, summed per plugin and name ----------------------------
+const metrics = {};
+function metricsFor(plugin) {
+  const mine = (metrics[plugin] ??= {});
+  return {
+    counterAdd(name, _labels, delta) {
+      mine[name] = (mine[name] ?? 0) + Number(delta);
+    },
+    observe(name, _labels, _value) {
+      mine[name] = (mine[name] ?? 0) + 1;
+    },
+  };
+}
+
 // ---- the import table -------------------------------------------------------------------
 // One entry per import: its interface, version and the object that implements it for a
 // plugin. Adding an import (a new WIT interface) is one more entry here.
@@ -317,6 +331,9 @@ const IMPORTS = [
   { name: "pooler:plugins/incoming-client", version: "0.1.0", provide: () => ({ gone: () => false, subscribeGone: never }) },
   { name: "pooler:plugins/availability", version: "0.1.0", provide: () => availability },
   { name: "pooler:plugins/threads", version: "0.1.0", provide: () => threads },
+  // Prometheus counters and histograms. This host serves no /metrics: it counts the calls so
+  // the report can show what the plugins measured, and keeps nothing else.
+  { name: "pooler:plugins/metrics", version: "0.1.0", provide: (p) => metricsFor(p) },
   { name: "wasi:clocks/wall-clock", version: WASI, provide: () => wallClock },
   { name: "wasi:clocks/monotonic-clock", version: WASI, provide: () => monotonicClock },
   { name: "wasi:random/random", version: WASI, provide: () => shim.random.random },
@@ -484,6 +501,7 @@ try {
     rows: threads.listRows(THREAD),
     signals: delivered,
     undelivered: [...pendingChanges.values()],
+    metrics,
   };
   process.stdout.write(`${json(result)}\n`, () => process.exit(0));
 } catch (e) {

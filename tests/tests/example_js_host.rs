@@ -165,6 +165,19 @@ async fn the_js_host_serves_a_429_through_the_pool_and_provider_retry_schedules_
         "the account-added signal was delivered: {out:#}"
     );
     assert_eq!(out["undelivered"], json!([]), "{out:#}");
+    // The plugins' metrics reached the JS host's `metrics` import: one request through the
+    // pool, and Provider Retry's decision on the failed turn.
+    assert_eq!(
+        out["metrics"]["account-pool"]["pooler_pool_requests_total"],
+        json!(1),
+        "{out:#}"
+    );
+    assert!(
+        out["metrics"]["provider-retry"]["pooler_retry_decisions_total"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{out:#}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
