@@ -130,6 +130,11 @@ pub struct ServerConfig {
     /// How long in-flight requests may take to finish after SIGINT/SIGTERM.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,
+    /// Where compiled components are kept, shared by every data directory (see
+    /// `pooler serve --help`); `None`: `$POOLER_CACHE_DIR`, else the platform's cache
+    /// directory.
+    #[serde(default)]
+    pub compile_cache: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -139,6 +144,7 @@ impl Default for ServerConfig {
             max_body_bytes: default_max_body(),
             max_headers: default_max_headers(),
             drain_ms: default_drain_ms(),
+            compile_cache: None,
         }
     }
 }
