@@ -5,6 +5,7 @@
 //! [server]
 //! listen = "127.0.0.1:8787"
 //! max-body-bytes = 33554432
+//! compile-cache = "/var/cache/pooler"   # else $POOLER_CACHE_DIR, else ~/.cache/pooler
 //!
 //! [plugins.account-pool]
 //! component = "embedded"          # or "none", or a path to a .wasm component
@@ -380,6 +381,16 @@ mod tests {
         let config =
             Config::parse("[plugins.account-pool]\nerror-body-timeout-ms = 250\n").unwrap();
         assert_eq!(config.plugin(Role::AccountPool).error_body_timeout_ms, 250);
+    }
+
+    #[test]
+    fn the_compile_cache_is_a_server_setting() {
+        assert_eq!(Config::parse("").unwrap().server.compile_cache, None);
+        let config = Config::parse("[server]\ncompile-cache = \"/var/cache/pooler\"\n").unwrap();
+        assert_eq!(
+            config.server.compile_cache.as_deref(),
+            Some(std::path::Path::new("/var/cache/pooler"))
+        );
     }
 
     #[test]

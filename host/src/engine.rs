@@ -4,13 +4,13 @@
 //!
 //! # The compile cache
 //!
-//! Compiling the two embedded components with Cranelift takes ~0.9 s, which every fresh data
-//! directory used to pay (wasmtime's own cache lived in `DATA_DIR/cache`). Three ways out
-//! were weighed, measured on this machine (`cargo bench -p pooler-tests --bench host`, "start"):
+//! Compiling the two embedded components with Cranelift takes ~0.9 s on an idle 2-core
+//! machine, which every fresh data directory used to pay (wasmtime's own cache lived in
+//! `DATA_DIR/cache`). Three ways out were weighed:
 //!
 //! - wasmtime's built-in cache in one directory every data directory shares: a hit still
 //!   reads and zstd-decompresses the whole artifact and copies it into fresh executable
-//!   memory (the 46 ms of a warm start);
+//!   memory (most of the 46 ms a warm data directory took to start);
 //! - precompiling at build time: the build script would need wasmtime with Cranelift as a
 //!   build dependency — a second full wasmtime build (a few minutes on two cores, against a
 //!   CI budget of 30 and a clean host build of ~6), and the artifact would be tied to the
@@ -20,7 +20,10 @@
 //!   `$POOLER_CACHE_DIR`, else the platform's cache directory, see
 //!   [`crate::cli::compile_cache_dir`]). A hit is [`Component::deserialize_file`], which maps
 //!   the file instead of reading and decompressing it, so only the first start on a machine
-//!   compiles, and a fresh data directory starts in a few milliseconds.
+//!   compiles. Measured (`cargo bench -p pooler-tests --bench host`, part 4, serve start to
+//!   the first answered request, medians of 5, three runs on a busy 2-core machine): cold
+//!   cache 1.6–2.3 s, fresh data directory on a warm cache 49–56 ms (most of it creating
+//!   the databases), warm data directory 12–27 ms.
 //!
 //! An entry is named by a SHA-256 of the component's bytes and of the engine's compatibility
 //! hash ([`Engine::precompile_compatibility_hash`]: wasmtime's version, the target, the
