@@ -14,6 +14,9 @@ const FIXTURES: &[(&str, &str)] = &[("POOL", "fixture-pool"), ("RETRY", "fixture
 /// under `fixtures/alt-retry`.
 const ALT_RETRY: (&str, &str) = ("ALT_RETRY", "alt-retry");
 
+/// The example alternative Provider Retry (`examples/alt-plugin`).
+const EXAMPLE_PLUGIN: (&str, &str) = ("EXAMPLE_ALT_PLUGIN", "alt-plugin");
+
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=../host/guest_build.rs");
@@ -49,11 +52,26 @@ fn main() {
         &[root.join("wit")],
     );
 
+    // The example plugin (`examples/alt-plugin`), a member of the main workspace: built in
+    // the embedded components' guest directory, so it reuses the kit and wit-bindgen they
+    // built.
+    let example = Guest {
+        package: EXAMPLE_PLUGIN.1,
+        dir: root.join("examples").join("alt-plugin"),
+    };
+    let example_paths = build_guests(
+        "embedded",
+        &root.join("Cargo.toml"),
+        std::slice::from_ref(&example),
+        &[root.join("wit"), root.join("plugins").join("kit")],
+    );
+
     let mut code = String::new();
     for ((name, package), path) in FIXTURES
         .iter()
         .chain(std::iter::once(&ALT_RETRY))
-        .zip(paths.iter().chain(&alt_paths))
+        .chain(std::iter::once(&EXAMPLE_PLUGIN))
+        .zip(paths.iter().chain(&alt_paths).chain(&example_paths))
     {
         code.push_str(&format!(
             "/// The `{package}` component.\npub const {name}: &str = {};\n",

@@ -5,6 +5,7 @@
 //! [server]
 //! listen = "127.0.0.1:8787"
 //! max-body-bytes = 33554432
+//! compile-cache = "/var/cache/pooler"   # else $POOLER_CACHE_DIR, else ~/.cache/pooler
 //!
 //! [plugins.account-pool]
 //! component = "embedded"          # or "none", or a path to a .wasm component
@@ -130,6 +131,11 @@ pub struct ServerConfig {
     /// How long in-flight requests may take to finish after SIGINT/SIGTERM.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,
+    /// Where compiled components are kept, shared by every data directory (see
+    /// `pooler serve --help`); `None`: `$POOLER_CACHE_DIR`, else the platform's cache
+    /// directory.
+    #[serde(default)]
+    pub compile_cache: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -139,6 +145,7 @@ impl Default for ServerConfig {
             max_body_bytes: default_max_body(),
             max_headers: default_max_headers(),
             drain_ms: default_drain_ms(),
+            compile_cache: None,
         }
     }
 }
@@ -374,6 +381,16 @@ mod tests {
         let config =
             Config::parse("[plugins.account-pool]\nerror-body-timeout-ms = 250\n").unwrap();
         assert_eq!(config.plugin(Role::AccountPool).error_body_timeout_ms, 250);
+    }
+
+    #[test]
+    fn the_compile_cache_is_a_server_setting() {
+        assert_eq!(Config::parse("").unwrap().server.compile_cache, None);
+        let config = Config::parse("[server]\ncompile-cache = \"/var/cache/pooler\"\n").unwrap();
+        assert_eq!(
+            config.server.compile_cache.as_deref(),
+            Some(std::path::Path::new("/var/cache/pooler"))
+        );
     }
 
     #[test]

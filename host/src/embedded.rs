@@ -24,13 +24,10 @@ mod tests {
     /// imports at an older 0.2; the components link a 0.2.12 description of them.)
     #[test]
     fn the_embedded_components_import_wasi_at_the_contracts_version_only() {
-        let engine = crate::engine::build(
-            crate::engine::EngineLimits {
-                max_instances: 4,
-                max_memory_bytes: 64 << 20,
-            },
-            None,
-        )
+        let engine = crate::engine::build(crate::engine::EngineLimits {
+            max_instances: 4,
+            max_memory_bytes: 64 << 20,
+        })
         .unwrap();
         for role in Role::ALL {
             let bytes = component(role).expect("an embedded component");

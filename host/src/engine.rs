@@ -1,15 +1,57 @@
 //! The one wasmtime `Engine` and its settings, each chosen for a reason written beside it,
-//! and the epoch ticker that lets the host stop a guest that runs past its deadline.
+//! the epoch ticker that lets the host stop a guest that runs past its deadline, and the
+//! compile cache that makes a first start fast.
+//!
+//! # The compile cache
+//!
+//! Compiling the two embedded components with Cranelift takes ~0.9 s on an idle 2-core
+//! machine, which every fresh data directory used to pay (wasmtime's own cache lived in
+//! `DATA_DIR/cache`). Three ways out were weighed:
+//!
+//! - wasmtime's built-in cache in one directory every data directory shares: a hit still
+//!   reads and zstd-decompresses the whole artifact and copies it into fresh executable
+//!   memory (most of the 46 ms a warm data directory took to start);
+//! - precompiling at build time: the build script would need wasmtime with Cranelift as a
+//!   build dependency — a second full wasmtime build (a few minutes on two cores, against a
+//!   CI budget of 30 and a clean host build of ~6), and the artifact would be tied to the
+//!   build machine's CPU features;
+//! - **chosen**: our own cache of precompiled artifacts ([`Engine::precompile_component`]'s
+//!   output, wasmtime's `.cwasm`), shared by every data directory (`[server] compile-cache`,
+//!   `$POOLER_CACHE_DIR`, else the platform's cache directory, see
+//!   [`crate::cli::compile_cache_dir`]). A hit is [`Component::deserialize_file`], which maps
+//!   the file instead of reading and decompressing it, so only the first start on a machine
+//!   compiles. Measured (`cargo bench -p pooler-tests --bench host`, part 4, serve start to
+//!   the first answered request, medians of 5, three runs on a busy 2-core machine): cold
+//!   cache 1.6–2.3 s, fresh data directory on a warm cache 49–56 ms (most of it creating
+//!   the databases), warm data directory 12–27 ms.
+//!
+//! An entry is named by a SHA-256 of the component's bytes and of the engine's compatibility
+//! hash ([`Engine::precompile_compatibility_hash`]: wasmtime's version, the target, the
+//! compiler flags, every setting that shapes the code), so a changed component, wasmtime or
+//! setting never finds a stale entry. It is written to a temporary file (0600) in the cache
+//! directory (0700) and renamed into place, so a second server starting at the same moment
+//! finds the whole file or none; a file is never rewritten in place, so a mapping another
+//! process holds never changes under it.
+//!
+//! Deserializing is `unsafe` because wasmtime runs the machine code in the file as it is:
+//! a file crafted by someone else would run their code in this process. Our use is sound
+//! because the directory and the file must be owned by the user running the host and not be
+//! writable by anyone else (checked before every use; a directory that fails the check is
+//! not used), and we write every entry ourselves from our own compilation. wasmtime checks
+//! the rest when it loads one — that it is an artifact of this wasmtime version, target and
+//! configuration, and that its ELF image parses — so a truncated, corrupt or stale entry is
+//! an error, which we answer by compiling again and replacing the entry, never by trusting
+//! it.
 
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Duration;
 
 use anyhow::Context;
-use wasmtime::{
-    Cache, CacheConfig, Config, Enabled, Engine, InstanceAllocationStrategy,
-    PoolingAllocationConfig,
-};
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// How often the epoch advances. A guest's CPU budget is counted in these ticks, so a
 /// runaway guest is stopped within about one tick of its deadline.
@@ -30,9 +72,8 @@ pub struct EngineLimits {
     pub max_memory_bytes: usize,
 }
 
-/// Build the engine. `cache_dir` holds compiled components (wasmtime's on-disk cache), so
-/// only the first start after a change compiles (50–250 ms per component with Cranelift).
-pub fn build(limits: EngineLimits, cache_dir: Option<&Path>) -> anyhow::Result<Engine> {
+/// Build the engine. Compiled components are cached by [`load_component`], not by wasmtime.
+pub fn build(limits: EngineLimits) -> anyhow::Result<Engine> {
     let mut config = Config::new();
     config.wasm_component_model(true);
     // No WASI 0.3 / component-model async here: turning concurrency support off makes every
@@ -73,16 +114,6 @@ pub fn build(limits: EngineLimits, cache_dir: Option<&Path>) -> anyhow::Result<E
             .table_keep_resident(KEEP_RESIDENT_TABLE_BYTES);
     }
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
-    if let Some(dir) = cache_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the compile cache {}", dir.display()))?;
-        let mut cache = CacheConfig::new();
-        cache.with_directory(dir);
-        let cache = Cache::new(cache)
-            .map_err(crate::wasmtime_error)
-            .context("cannot open the compile cache")?;
-        config.cache(Some(cache));
-    }
     Engine::new(&config)
         .map_err(crate::wasmtime_error)
         .context("cannot create the wasmtime engine")
@@ -103,4 +134,316 @@ pub fn start_ticker(engine: &Engine) -> anyhow::Result<()> {
         })
         .context("cannot start the epoch ticker thread")?;
     Ok(())
+}
+
+/// How [`load_component`] got its component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Mapped from the compile cache: nothing was compiled.
+    Hit,
+    /// Compiled, and stored in the cache (no entry existed).
+    Compiled,
+    /// The entry could not be used (the reason); compiled again and replaced.
+    Recompiled(String),
+    /// Compiled; no cache was used (none configured, or the reason it was refused).
+    Uncached(Option<String>),
+}
+
+/// The component compiled from `bytes`, from the compile cache in `cache` when it holds an
+/// entry for these bytes and this engine, else compiled (and then stored there).
+pub fn load_component(
+    engine: &Engine,
+    bytes: &[u8],
+    cache: Option<&Path>,
+) -> anyhow::Result<(Component, CacheOutcome)> {
+    let Some(dir) = cache else {
+        return Ok((compile(engine, bytes)?, CacheOutcome::Uncached(None)));
+    };
+    if let Err(why) = private_dir(dir) {
+        let why = format!("{why:#}");
+        tracing::warn!(cache = %dir.display(), reason = %why, "compile cache not used");
+        return Ok((compile(engine, bytes)?, CacheOutcome::Uncached(Some(why))));
+    }
+    let entry = dir.join(entry_name(engine, bytes));
+    let outcome = match std::fs::symlink_metadata(&entry) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => CacheOutcome::Compiled,
+        Err(e) => CacheOutcome::Recompiled(format!("cannot read it: {e}")),
+        Ok(meta) => match private_file(&meta) {
+            Err(why) => CacheOutcome::Recompiled(why),
+            // SAFETY: the entry is a regular file owned by this user and writable by no one
+            // else, in a directory with the same guarantee (`private_dir`), so only this
+            // user's pooler wrote it, from its own compilation, by a rename that never
+            // leaves a partial file. wasmtime checks that it is an artifact of this version
+            // and configuration before using it; anything it refuses is compiled again below.
+            Ok(()) => match unsafe { Component::deserialize_file(engine, &entry) } {
+                Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                Err(e) => CacheOutcome::Recompiled(format!("{e:#}")),
+            },
+        },
+    };
+    if let CacheOutcome::Recompiled(why) = &outcome {
+        tracing::warn!(entry = %entry.display(), reason = %why, "compile cache entry unusable; compiling again");
+    }
+    let component = compile(engine, bytes)?;
+    let artifact = component
+        .serialize()
+        .map_err(crate::wasmtime_error)
+        .context("cannot serialize a compiled component")?;
+    // A cache that cannot be written costs the next start a compile, nothing more.
+    if let Err(e) = store(dir, &entry, &artifact) {
+        tracing::warn!(entry = %entry.display(), error = %format!("{e:#}"), "cannot store a compiled component");
+    }
+    Ok((component, outcome))
+}
+
+fn compile(engine: &Engine, bytes: &[u8]) -> anyhow::Result<Component> {
+    Component::new(engine, bytes).map_err(crate::wasmtime_error)
+}
+
+/// Feeds what `Hash` writes into SHA-256, so the name is stable across Rust releases
+/// (`DefaultHasher` is not).
+struct ShaHasher(Sha256);
+
+impl std::hash::Hasher for ShaHasher {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+/// The file name of `bytes`' entry for `engine`: `<sha-256>.cwasm`.
+fn entry_name(engine: &Engine, bytes: &[u8]) -> String {
+    use std::hash::Hash;
+    let mut hasher = ShaHasher(Sha256::new());
+    hasher.0.update(b"pooler-cwasm-1\0");
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    hasher.0.update((bytes.len() as u64).to_le_bytes());
+    hasher.0.update(bytes);
+    let digest = hasher.0.finalize();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}.cwasm")
+}
+
+/// Create `dir` (0700) if needed and check it is this user's alone.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    anyhow::ensure!(meta.is_dir(), "{} is not a directory", dir.display());
+    owned_and_private(&meta).map_err(|why| anyhow::anyhow!("{}: {why}", dir.display()))
+}
+
+/// An entry must be a regular file (not a link) of this user's, writable by no one else.
+fn private_file(meta: &std::fs::Metadata) -> Result<(), String> {
+    if !meta.file_type().is_file() {
+        return Err("not a regular file".into());
+    }
+    owned_and_private(meta)
+}
+
+#[cfg(unix)]
+fn owned_and_private(meta: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "owned by uid {}, not by this user ({me})",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "writable by others (mode {:o})",
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn owned_and_private(_meta: &std::fs::Metadata) -> Result<(), String> {
+    Ok(())
+}
+
+/// Write `artifact` to `entry` atomically: a private temporary file in the same directory,
+/// flushed to disk, then renamed over the entry.
+fn store(dir: &Path, entry: &Path, artifact: &[u8]) -> anyhow::Result<()> {
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no random bytes: {e}"))?;
+    let temp: PathBuf = dir.join(format!(
+        ".{}.{}.{:016x}.tmp",
+        entry
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("entry"),
+        std::process::id(),
+        u64::from_le_bytes(nonce)
+    ));
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let written = (|| {
+        let mut file = options.open(&temp)?;
+        file.write_all(artifact)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, entry)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written.with_context(|| format!("cannot write {}", entry.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest component: the preamble and nothing else (compiles in microseconds).
+    const EMPTY: &[u8] = b"\0asm\x0d\x00\x01\x00";
+    /// Another small component: the same with a custom section, so different bytes.
+    const OTHER: &[u8] = b"\0asm\x0d\x00\x01\x00\x00\x04\x03abc";
+
+    fn engine() -> Engine {
+        build(EngineLimits {
+            max_instances: 4,
+            max_memory_bytes: 16 << 20,
+        })
+        .unwrap()
+    }
+
+    fn entries(dir: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn a_second_load_maps_the_entry_the_first_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let engine = engine();
+        let (_, first) = load_component(&engine, EMPTY, Some(&cache)).unwrap();
+        assert_eq!(first, CacheOutcome::Compiled);
+        let stored = entries(&cache);
+        assert_eq!(
+            stored.len(),
+            1,
+            "one entry and no temporary file: {stored:?}"
+        );
+        assert!(stored[0].to_string_lossy().ends_with(".cwasm"));
+        // Another engine with the same settings (another server) finds it.
+        let (_, second) = load_component(&self::engine(), EMPTY, Some(&cache)).unwrap();
+        assert_eq!(second, CacheOutcome::Hit);
+        // Other bytes are another entry.
+        let (_, other) = load_component(&engine, OTHER, Some(&cache)).unwrap();
+        assert_eq!(other, CacheOutcome::Compiled);
+        assert_eq!(entries(&cache).len(), 2);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&cache), 0o700);
+            assert_eq!(mode(&stored[0]), 0o600);
+        }
+    }
+
+    #[test]
+    fn a_corrupt_or_truncated_entry_is_compiled_again_and_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().to_path_buf();
+        let engine = engine();
+        load_component(&engine, EMPTY, Some(&cache)).unwrap();
+        let entry = entries(&cache).remove(0);
+        let good = std::fs::read(&entry).unwrap();
+        let damaged = [
+            b"not an artifact at all".to_vec(),
+            good[..good.len() / 2].to_vec(),
+            Vec::new(),
+        ];
+        for bad in damaged {
+            // Replaced, not rewritten in place (as a damaged disk or an old pooler might).
+            std::fs::remove_file(&entry).unwrap();
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            options.open(&entry).unwrap().write_all(&bad).unwrap();
+            let (_, outcome) = load_component(&engine, EMPTY, Some(&cache)).unwrap();
+            assert!(
+                matches!(outcome, CacheOutcome::Recompiled(_)),
+                "{} bytes: {outcome:?}",
+                bad.len()
+            );
+            assert_eq!(
+                std::fs::read(&entry).unwrap(),
+                good,
+                "the entry is replaced"
+            );
+            let (_, again) = load_component(&engine, EMPTY, Some(&cache)).unwrap();
+            assert_eq!(again, CacheOutcome::Hit);
+        }
+    }
+
+    #[test]
+    fn an_entry_from_an_engine_with_other_settings_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().to_path_buf();
+        // An artifact of a different configuration, planted under this engine's name (as a
+        // stale entry would be, were the name not to change with the settings).
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        let foreign = Engine::new(&config).unwrap();
+        let artifact = foreign.precompile_component(EMPTY).unwrap();
+        let engine = engine();
+        let entry = cache.join(entry_name(&engine, EMPTY));
+        store(&cache, &entry, &artifact).unwrap();
+        let (_, outcome) = load_component(&engine, EMPTY, Some(&cache)).unwrap();
+        let CacheOutcome::Recompiled(why) = outcome else {
+            panic!("used a foreign artifact: {outcome:?}");
+        };
+        assert!(!why.is_empty());
+        // And the settings are part of the name.
+        assert_ne!(entry_name(&foreign, EMPTY), entry_name(&engine, EMPTY));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_others_can_write_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("shared");
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let (_, outcome) = load_component(&engine(), EMPTY, Some(&cache)).unwrap();
+        assert!(
+            matches!(&outcome, CacheOutcome::Uncached(Some(why)) if why.contains("writable by others")),
+            "{outcome:?}"
+        );
+        assert!(entries(&cache).is_empty(), "nothing stored there");
+
+        // An entry others can write is compiled again (and replaced by a private one).
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+        load_component(&engine(), EMPTY, Some(&cache)).unwrap();
+        let entry = entries(&cache).remove(0);
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let (_, outcome) = load_component(&engine(), EMPTY, Some(&cache)).unwrap();
+        assert!(
+            matches!(outcome, CacheOutcome::Recompiled(_)),
+            "{outcome:?}"
+        );
+        let mode = std::fs::metadata(&entry).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use pooler_core::clock::SharedClock;
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::Linker;
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
@@ -46,7 +46,8 @@ pub struct HostOptions {
     pub clock: SharedClock,
     /// What answers the `threads` import.
     pub threads: Arc<dyn ThreadsService>,
-    /// Where compiled components are cached; `None` compiles on every start.
+    /// The compile cache (precompiled components, see [`crate::engine`]), which any number
+    /// of data directories and processes may share; `None` compiles on every start.
     pub cache_dir: Option<PathBuf>,
 }
 
@@ -259,6 +260,7 @@ fn load<P>(
     linker: &Linker<PluginState>,
     config: &Config,
     data_dir: &std::path::Path,
+    cache_dir: Option<&std::path::Path>,
     role: Role,
     typed: impl FnOnce(wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<P>,
 ) -> anyhow::Result<Option<Loaded<P>>> {
@@ -266,9 +268,14 @@ fn load<P>(
         return Ok(None);
     };
     let id = role.name();
-    let component = Component::new(engine, &bytes)
-        .map_err(crate::wasmtime_error)
+    let (component, cached) = engine::load_component(engine, &bytes, cache_dir)
         .with_context(|| format!("plugin `{id}` ({source}) is not a valid component"))?;
+    let cache = match &cached {
+        engine::CacheOutcome::Hit => "hit",
+        engine::CacheOutcome::Compiled => "compiled",
+        engine::CacheOutcome::Recompiled(_) => "recompiled",
+        engine::CacheOutcome::Uncached(_) => "uncached",
+    };
     check_world(id, role, &Surface::of(&component, engine))
         .with_context(|| format!("cannot load {source}"))?;
     let pre = linker
@@ -297,7 +304,7 @@ fn load<P>(
         )?),
         dir: data_dir.join("plugins").join(id),
     };
-    tracing::info!(plugin = id, source = %meta.source, "plugin loaded");
+    tracing::info!(plugin = id, source = %meta.source, compile_cache = cache, "plugin loaded");
     Ok(Some(Loaded {
         meta: Arc::new(meta),
         pre,
@@ -324,13 +331,10 @@ impl Host {
             .map(|role| config.plugin(role).memory_mib)
             .max()
             .unwrap_or(64);
-        let engine = engine::build(
-            EngineLimits {
-                max_instances: MAX_INSTANCES,
-                max_memory_bytes: usize::try_from(max_memory << 20).unwrap_or(usize::MAX),
-            },
-            cache_dir.as_deref(),
-        )?;
+        let engine = engine::build(EngineLimits {
+            max_instances: MAX_INSTANCES,
+            max_memory_bytes: usize::try_from(max_memory << 20).unwrap_or(usize::MAX),
+        })?;
         engine::start_ticker(&engine)?;
         let linker = linker(&engine)?;
         let pool = load(
@@ -338,6 +342,7 @@ impl Host {
             &linker,
             &config,
             &data_dir,
+            cache_dir.as_deref(),
             Role::AccountPool,
             PoolPre::new,
         )?;
@@ -346,6 +351,7 @@ impl Host {
             &linker,
             &config,
             &data_dir,
+            cache_dir.as_deref(),
             Role::ProviderRetry,
             ProviderRetryPre::new,
         )?;

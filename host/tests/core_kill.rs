@@ -43,6 +43,8 @@ impl Served {
             .arg("--data-dir")
             .arg(data)
             .env_remove("POOLER_DATA_DIR")
+            // The tests' shared compile cache, not the user's.
+            .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -7,7 +7,15 @@
 //!    against the same inserts made natively with rusqlite;
 //! 3. HTTP: requests/s and p50/p99 latency through the pass-through proxy fixture (a fresh
 //!    instance per request, keep-alive outgoing client) against the same loopback upstream
-//!    called directly, at 1, 16 and 64 concurrent clients.
+//!    called directly, at 1, 16 and 64 concurrent clients;
+//! 4. start-up: what `pooler serve` does before it answers (open the core, load and
+//!    pre-instantiate both embedded components, attach the core, bind) up to the first
+//!    request the pool answered, on a fresh data directory with an empty compile cache (the
+//!    baseline: what every fresh data directory paid when the cache lived in it), a fresh
+//!    data directory with a warm shared cache, and a warm data directory. Each is repeated
+//!    (`HOST_BENCH_STARTS=n`, default 5) and printed as the median with its spread.
+//!
+//! `HOST_BENCH_ONLY=start` runs part 4 alone.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -35,6 +43,14 @@ fn per_op(total: Duration, n: u32) -> Duration {
 }
 
 async fn run() -> anyhow::Result<()> {
+    println!(
+        "machine: {} logical CPUs; tokio: {} workers",
+        std::thread::available_parallelism()?,
+        pooler_tests::bench::WORKERS
+    );
+    if std::env::var("HOST_BENCH_ONLY").is_ok_and(|only| only == "start") {
+        return start_up().await;
+    }
     let data = tempfile::tempdir()?;
     let upstream = FakeUpstream::start().await;
     upstream.set_recording(false);
@@ -49,11 +65,6 @@ async fn run() -> anyhow::Result<()> {
         threads: Arc::new(NoCore),
         cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
     })?;
-    println!(
-        "machine: {} logical CPUs; tokio: {} workers",
-        std::thread::available_parallelism()?,
-        pooler_tests::bench::WORKERS
-    );
 
     call_overhead(&host).await?;
 
@@ -67,6 +78,96 @@ async fn run() -> anyhow::Result<()> {
     http_load(&format!("http://{addr}"), &upstream).await?;
     let _ = stop.send(());
     serving.await??;
+    drop(host);
+    start_up().await
+}
+
+/// One start as `pooler serve` makes it, on `data` with the compile cache `cache`: the time
+/// until the pool answered a first request (a route token it does not know: 401 from the
+/// pool itself).
+async fn start_once(data: &std::path::Path, cache: &std::path::Path) -> anyhow::Result<Duration> {
+    use pooler_host::core_link::{CoreLink, CoreOptions};
+    let config = Config::parse("[maintenance]\ninterval-s = 0\n")?;
+    let started = Instant::now();
+    let clock: pooler_core::clock::SharedClock = Arc::new(SystemClock::new());
+    let core = CoreLink::open(data, clock.clone(), CoreOptions::from_host_config(&config))?;
+    let host = Host::new(HostOptions {
+        config,
+        data_dir: data.to_path_buf(),
+        clock,
+        threads: core.threads_service(),
+        cache_dir: Some(cache.to_path_buf()),
+    })?;
+    let core = core.attach(&host)?;
+    let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?)
+        .await?
+        .with_core(core.clone())?;
+    let addr = server.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let request = hyper::Request::post(format!("http://{addr}/v1/messages"))
+        .header("authorization", "Bearer not-a-route-token")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))?;
+    let answer = TestClient::new().send(request).await?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(
+        answer.status == hyper::StatusCode::UNAUTHORIZED,
+        "the pool did not refuse the unknown token: {} {}",
+        answer.status,
+        answer.body
+    );
+    let _ = stop.send(());
+    serving.await??;
+    core.shutdown().await;
+    Ok(elapsed)
+}
+
+async fn start_up() -> anyhow::Result<()> {
+    let runs: usize = std::env::var("HOST_BENCH_STARTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5)
+        .max(1);
+    let root = tempfile::tempdir()?;
+    let (mut cold, mut shared, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..runs {
+        let cache = root.path().join(format!("cache-{run}"));
+        let fresh = |name: &str| root.path().join(format!("{name}-{run}"));
+        // Fresh data directory, empty cache: compiles both components.
+        cold.push(start_once(&fresh("cold"), &cache).await?);
+        // Another fresh data directory on the cache the first one filled.
+        shared.push(start_once(&fresh("shared"), &cache).await?);
+        // The first data directory again.
+        warm.push(start_once(&fresh("cold"), &cache).await?);
+    }
+    let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+    let summary = |times: &mut Vec<Duration>| {
+        times.sort();
+        (
+            ms(&times[times.len() / 2]),
+            ms(&times[0]),
+            ms(&times[times.len() - 1]),
+        )
+    };
+    let cold = summary(&mut cold);
+    println!("\n## start-up: serve start → first answered request (median of {runs}, min–max)");
+    println!(
+        "fresh data dir, cold cache (baseline): {:>9.1} ms  ({:.1}–{:.1})",
+        cold.0, cold.1, cold.2
+    );
+    for (label, times) in [
+        ("fresh data dir, warm shared cache:    ", &mut shared),
+        ("warm data dir:                        ", &mut warm),
+    ] {
+        let (median, low, high) = summary(times);
+        println!(
+            "{label}{median:>9.1} ms  ({low:.1}–{high:.1})  ratio {:.3}×",
+            median / cold.0
+        );
+    }
     Ok(())
 }
 

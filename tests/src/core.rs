@@ -73,6 +73,8 @@ enum RetryRole {
     Embedded,
     /// The alternative Provider Retry of `fixtures/alt-retry`, loaded by configuration.
     Alternative,
+    /// Another component file.
+    File(&'static str),
 }
 
 /// How to build a [`CoreHost`].
@@ -125,6 +127,12 @@ impl CoreSetup {
         self
     }
 
+    /// The component at `path` in the provider-retry role.
+    pub fn retry_component(mut self, path: &'static str) -> Self {
+        self.retry = RetryRole::File(path);
+        self
+    }
+
     /// A line of the `[core]` table (e.g. `concurrency-limit = 1`).
     pub fn core(mut self, line: &str) -> Self {
         self.core.push_str(line);
@@ -139,6 +147,7 @@ impl CoreSetup {
             RetryRole::Fixture => setup.role(Role::ProviderRetry, RETRY, ""),
             RetryRole::Embedded => setup.embedded(Role::ProviderRetry, ""),
             RetryRole::Alternative => setup.role(Role::ProviderRetry, ALT_RETRY, ""),
+            RetryRole::File(path) => setup.role(Role::ProviderRetry, path, ""),
         };
         let setup = setup.config(&format!("[core]\n{}\n[agents]\n{}", self.core, self.agents));
         Config::parse(&setup.toml()).expect("a valid test configuration")

@@ -191,6 +191,54 @@ fn platform_data_dir() -> Option<PathBuf> {
         .or_else(|| home.map(|h| h.join(".local").join("share")))
 }
 
+/// The compile cache `pooler serve` uses (precompiled components, shared by every data
+/// directory; see [`crate::engine`]): `--compile-cache`, else `$POOLER_CACHE_DIR`, else
+/// `[server] compile-cache`, else `pooler` in the platform's cache directory
+/// (`$XDG_CACHE_HOME`, `~/.cache`; `~/Library/Caches` on macOS; `%LOCALAPPDATA%` on
+/// Windows), else — with no home directory — `DATA_DIR/cache`.
+pub fn compile_cache_dir(
+    flag: Option<PathBuf>,
+    config: Option<&std::path::Path>,
+    data_dir: &std::path::Path,
+) -> PathBuf {
+    resolve_compile_cache(
+        flag,
+        std::env::var_os("POOLER_CACHE_DIR"),
+        config,
+        platform_cache_dir(),
+        data_dir,
+    )
+}
+
+/// [`compile_cache_dir`]'s rules over given inputs.
+fn resolve_compile_cache(
+    flag: Option<PathBuf>,
+    env: Option<std::ffi::OsString>,
+    config: Option<&std::path::Path>,
+    platform: Option<PathBuf>,
+    data_dir: &std::path::Path,
+) -> PathBuf {
+    flag.or_else(|| env.filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| config.map(std::path::Path::to_path_buf))
+        .or_else(|| platform.map(|dir| dir.join("pooler")))
+        .unwrap_or_else(|| data_dir.join("cache"))
+}
+
+fn platform_cache_dir() -> Option<PathBuf> {
+    let home = home_dir();
+    if cfg!(target_os = "macos") {
+        return home.map(|h| h.join("Library").join("Caches"));
+    }
+    if cfg!(windows) {
+        return std::env::var_os("LOCALAPPDATA").map(PathBuf::from);
+    }
+    // XDG base directories.
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| home.map(|h| h.join(".cache")))
+}
+
 /// The user's home directory (`$HOME`, or `%USERPROFILE%` on Windows).
 pub(crate) fn home_dir() -> Option<PathBuf> {
     let var = if cfg!(windows) { "USERPROFILE" } else { "HOME" };
@@ -208,5 +256,46 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// The compile cache's location: the flag, then the environment, then the file, then
+    /// the platform's cache directory, then the data directory.
+    #[test]
+    fn the_compile_cache_is_found_by_flag_then_env_then_config_then_platform() {
+        let data = std::path::Path::new("/data");
+        let resolve = |flag: Option<&str>,
+                       env: Option<&str>,
+                       config: Option<&str>,
+                       platform: Option<&str>| {
+            resolve_compile_cache(
+                flag.map(PathBuf::from),
+                env.map(std::ffi::OsString::from),
+                config.map(std::path::Path::new),
+                platform.map(PathBuf::from),
+                data,
+            )
+        };
+        let all = (
+            Some("/flag"),
+            Some("/env"),
+            Some("/config"),
+            Some("/home/u/.cache"),
+        );
+        assert_eq!(resolve(all.0, all.1, all.2, all.3), PathBuf::from("/flag"));
+        assert_eq!(resolve(None, all.1, all.2, all.3), PathBuf::from("/env"));
+        // An empty variable is unset.
+        assert_eq!(
+            resolve(None, Some(""), all.2, all.3),
+            PathBuf::from("/config")
+        );
+        assert_eq!(resolve(None, None, all.2, all.3), PathBuf::from("/config"));
+        assert_eq!(
+            resolve(None, None, None, all.3),
+            PathBuf::from("/home/u/.cache/pooler")
+        );
+        assert_eq!(
+            resolve(None, None, None, None),
+            PathBuf::from("/data/cache")
+        );
     }
 }

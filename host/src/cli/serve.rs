@@ -44,6 +44,13 @@ pub struct ServeArgs {
     /// Secrets are never logged, at any level.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Where compiled components are kept, shared by every data directory so only the first
+    /// start after a change compiles (default: $POOLER_CACHE_DIR, else `[server]
+    /// compile-cache`, else `pooler` in the platform's cache directory, e.g.
+    /// ~/.cache/pooler). It and its files must be yours alone (0700/0600); deleting it is
+    /// always safe.
+    #[arg(long, value_name = "DIR")]
+    pub compile_cache: Option<PathBuf>,
 }
 
 pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -58,6 +65,11 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     let listen = config.server.listen;
+    let compile_cache = super::compile_cache_dir(
+        args.compile_cache,
+        config.server.compile_cache.as_deref(),
+        &data_dir,
+    );
     let interval = Duration::from_secs(config.maintenance.interval_s);
     let clock: pooler_core::clock::SharedClock = Arc::new(pooler_core::clock::SystemClock::new());
     // The core first: its recovery runs before any plugin call, and its `threads` service
@@ -72,7 +84,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: data_dir.clone(),
         clock,
         threads: core.threads_service(),
-        cache_dir: Some(data_dir.join("cache")),
+        cache_dir: Some(compile_cache.clone()),
     })?;
     let core = core.attach(&host)?;
     let server = Server::bind(host.clone(), listen)
@@ -84,6 +96,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     println!("pooler listening on http://{addr}");
     println!("data directory: {}", data_dir.display());
     println!("admin token: {}", data_dir.join(ADMIN_TOKEN_FILE).display());
+    println!("compile cache: {}", compile_cache.display());
     for role in crate::roles::Role::ALL {
         match host.plugin_source(role) {
             Some(source) => println!("plugin {role}: {source}"),

@@ -51,6 +51,8 @@ impl Served {
             .arg("--data-dir")
             .arg(&data)
             .env_remove("POOLER_DATA_DIR")
+            // The tests' shared compile cache, not the user's.
+            .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
