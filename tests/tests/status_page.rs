@@ -187,7 +187,9 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
         })
     });
     assert_eq!(
-        browser.text(&format!("tr[data-account=\"{a}\"] td.pins")).as_deref(),
+        browser
+            .text(&format!("tr[data-account=\"{a}\"] td.pins"))
+            .as_deref(),
         Some("0")
     );
     drop(browser);
