@@ -1,20 +1,18 @@
 //! A minimal host for the account-pool component: `embed-rust POOL.wasm DATA_DIR` asks the
 //! pool when it can serve a Claude thread, opens a route for it, adds an API-key account
 //! through the `accounts` export, and asks again. Each import below says the contract it
-//! keeps (`wit/` has them all); the reference host (`host/`) adds deadlines, memory caps and
-//! the HTTP listener. WASI 0.2 (clocks, random, io, and the stdio Rust's std links) comes
-//! from wasmtime-wasi.
+//! keeps (`wit/` has them all); the reference host (`host/`) adds deadlines, memory caps, the
+//! HTTP listener and outbound HTTP. WASI 0.2 comes from wasmtime-wasi and -http.
 
 use rusqlite::types::{Value as Sql, ValueRef};
 use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{Config, Engine, Result, Store, error::Context};
-use wasmtime_wasi::p2::{DynPollable, Pollable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
 wasmtime::component::bindgen!({
     path: "../../wit",
-    // The pool's world without its HTTP side (wasi:http comes from wasmtime-wasi-http).
+    // The pool's world without its HTTP handler export (this host serves no HTTP requests).
     world: "pooler:plugins/account-pool-core",
     imports: { "pooler:plugins/incoming-client.subscribe-gone": trappable },
     with: {
@@ -28,7 +26,7 @@ use exports::pooler::plugins::accounts::{Credential, NewAccount};
 use exports::pooler::plugins::availability::AvailabilityQuery;
 use pooler::plugins::sqlite::{self, Error, Rows, Value};
 use pooler::plugins::types::{AvailabilityChange, PluginError, Provider};
-use pooler::plugins::{availability_listener, incoming_client, log};
+use pooler::plugins::{availability_listener, incoming_client, log, metrics};
 
 /// One store's state. Every call gets a fresh store and instance: state lives only in the
 /// pool's databases, and a host may drop an instance after any call.
@@ -45,8 +43,8 @@ impl WasiView for State {
     }
 }
 
-/// `wasi:http/outgoing-handler`, the pool's upstream calls: refused here (no URL scheme is
-/// supported); asking for availability and adding an API key make none.
+/// `wasi:http/outgoing-handler`, the pool's upstream calls: all refused here (no URL scheme
+/// is supported); asking for availability and adding an API key make none.
 struct NoNetwork;
 impl WasiHttpHooks for NoNetwork {
     fn is_supported_scheme(&mut self, _: &http::uri::Scheme) -> bool {
@@ -77,23 +75,22 @@ impl availability_listener::Host for State {
     }
 }
 
-/// `incoming-client`: whether the client of the HTTP request being handled went away. This
-/// host handles none, so it never goes: a pollable that never resolves, and `gone` false.
+/// `incoming-client`: whether the client of the HTTP request the pool is handling went away.
+/// The pool asks only while it handles one, and this host hands it none.
 impl incoming_client::Host for State {
-    fn subscribe_gone(&mut self) -> Result<Resource<DynPollable>> {
-        let never = self.table.push(NeverGone)?;
-        wasmtime_wasi::p2::subscribe(&mut self.table, never)
+    fn subscribe_gone(&mut self) -> Result<Resource<wasmtime_wasi::p2::DynPollable>> {
+        wasmtime::bail!("this host serves no HTTP requests")
     }
     fn gone(&mut self) -> bool {
         false
     }
 }
-struct NeverGone;
-#[async_trait::async_trait]
-impl Pollable for NeverGone {
-    async fn ready(&mut self) {
-        std::future::pending().await
-    }
+
+/// `metrics`: counters and histograms (name and label rules in `wit/metrics.wit`). A real
+/// host keeps them and serves them (the reference host at `GET /metrics`); this one drops them.
+impl metrics::Host for State {
+    fn counter_add(&mut self, _name: String, _labels: Vec<(String, String)>, _delta: u64) {}
+    fn observe(&mut self, _name: String, _labels: Vec<(String, String)>, _value: f64) {}
 }
 
 impl sqlite::Host for State {}
@@ -183,6 +180,7 @@ fn main() -> Result<()> {
     wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)?;
     sqlite::add_to_linker::<_, HasSelf<State>>(&mut linker, |s| s)?;
     log::add_to_linker::<_, HasSelf<State>>(&mut linker, |s| s)?;
+    metrics::add_to_linker::<_, HasSelf<State>>(&mut linker, |s| s)?;
     availability_listener::add_to_linker::<_, HasSelf<State>>(&mut linker, |s| s)?;
     incoming_client::add_to_linker::<_, HasSelf<State>>(&mut linker, |s| s)?;
     let pre = AccountPoolCorePre::new(linker.instantiate_pre(&component)?)?;
