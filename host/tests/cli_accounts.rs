@@ -80,28 +80,13 @@ impl Fake {
 
 fn serve(stream: TcpStream, record: &Mutex<Vec<Seen>>, handler: &Handler) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let mut words = line.split_whitespace();
-    let method = words.next().unwrap_or("").to_owned();
-    let path = words.next().unwrap_or("").to_owned();
-    let mut headers = HashMap::new();
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 {
-            return;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
-        }
-    }
-    let Some(body) = support::read_body(&mut reader, &headers) else {
+    let Some(support::RawRequest {
+        method,
+        path,
+        headers,
+        body,
+    }) = support::read_request(&mut reader)
+    else {
         return;
     };
     let seen = Seen {

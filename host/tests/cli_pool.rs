@@ -6,11 +6,10 @@
 #![cfg(unix)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::Value;
 
@@ -58,25 +57,12 @@ impl Upstream {
 
 fn serve_one(stream: TcpStream, record: &Mutex<Vec<Seen>>) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let method = line.split_whitespace().next().unwrap_or("").to_owned();
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
-    let mut headers = HashMap::new();
-    loop {
-        let mut header = String::new();
-        reader.read_line(&mut header).unwrap();
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
-        }
-    }
-    let body = support::read_body(&mut reader, &headers).expect("a whole request body");
+    let support::RawRequest {
+        method,
+        path,
+        headers,
+        body,
+    } = support::read_request(&mut reader).expect("a whole request");
     let refusal = support::claude_refusal(&method, &path, &headers, &body);
     record.lock().unwrap().push(Seen { path, headers });
     let mut stream = stream;
@@ -91,38 +77,6 @@ fn serve_one(stream: TcpStream, record: &Mutex<Vec<Seen>>) {
         answer.len()
     )
     .unwrap();
-}
-
-/// One HTTP/1.1 request over a plain socket; the status and the body.
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// `KEY=VALUE` lines (comments skipped) as a map.
@@ -230,7 +184,7 @@ fn a_user_adds_two_accounts_opens_a_route_and_the_pool_serves_with_the_first() {
 
     // The agent's request, with that token, is served upstream with the first account's key.
     let auth = format!("Bearer {token}");
-    let (status, body) = http(
+    let (status, body) = support::http(
         served.addr(),
         "POST",
         "/v1/messages",
@@ -291,7 +245,7 @@ fn a_user_adds_two_accounts_opens_a_route_and_the_pool_serves_with_the_first() {
         "--provider",
         "claude",
     ]);
-    let (status, _) = http(
+    let (status, _) = support::http(
         served.addr(),
         "POST",
         "/v1/messages",
@@ -448,13 +402,13 @@ fn refused_input_says_what_is_wrong_and_changes_nothing() {
     // The admin API itself refuses a missing or wrong token.
     for auth in [None, Some("Bearer wrong"), Some("Bearer ")] {
         let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
-        let (status, body) = http(served.addr(), "GET", "/_pooler/accounts", &headers, "");
+        let (status, body) = support::http(served.addr(), "GET", "/_pooler/accounts", &headers, "");
         assert_eq!(status, 401, "{body}");
         let body: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(body["error"]["code"], "unauthorized");
     }
     let auth = format!("Bearer {}", served.admin_token());
-    let (status, _) = http(
+    let (status, _) = support::http(
         served.addr(),
         "GET",
         "/_pooler/accounts",

@@ -11,11 +11,8 @@
 
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -24,70 +21,6 @@ mod support;
 use support::{Served, text};
 
 const KEY: &str = "sk-ant-api03-retry-secret-ZZZZ";
-
-struct Upstream {
-    url: String,
-    requests: Arc<AtomicUsize>,
-}
-
-impl Upstream {
-    fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let requests = Arc::new(AtomicUsize::new(0));
-        let count = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let count = count.clone();
-                std::thread::spawn(move || rate_limit(stream, &count));
-            }
-        });
-        Upstream { url, requests }
-    }
-}
-
-fn rate_limit(stream: TcpStream, count: &AtomicUsize) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let mut headers = std::collections::HashMap::new();
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 {
-            return;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
-        }
-    }
-    let Some(body) = support::read_body(&mut reader, &headers) else {
-        return;
-    };
-    count.fetch_add(1, Ordering::SeqCst);
-    let mut words = line.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    if let Some(refusal) = support::claude_refusal(method, path, &headers, &body) {
-        let mut stream = stream;
-        let _ = stream.write_all(&refusal);
-        return;
-    }
-    let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
-    let mut stream = stream;
-    let _ = write!(
-        stream,
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 3600\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{answer}",
-        answer.len()
-    );
-}
-
 /// Poll `pooler retry status --json` until it lists `thread` (the failed turn reached the
 /// plugin), with a bounded number of quick retries.
 fn wait_for_candidate(served: &Served, thread: &str) -> Value {
@@ -118,9 +51,9 @@ fn clock(ms: u64) -> String {
 
 #[test]
 fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
-    let upstream = Upstream::start();
+    let (upstream, requests) = support::rate_limited_claude();
     let served = Served::start().never_prints(KEY);
-    served.ok(&["config", "set", "pool.claude-upstream-url", &upstream.url]);
+    served.ok(&["config", "set", "pool.claude-upstream-url", &upstream]);
     let added = served.pooler_with(
         &["account", "add", "--provider", "claude", "--api-key", "-"],
         &[],
@@ -146,7 +79,7 @@ fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
 
     // The turn fails with the upstream's 429: a retry is scheduled about an hour ahead.
     let candidate = wait_for_candidate(&served, thread);
-    assert!(upstream.requests.load(Ordering::SeqCst) >= 1);
+    assert!(requests.load(Ordering::SeqCst) >= 1);
     assert_eq!(candidate["state"], "scheduled", "{candidate}");
     assert_eq!(candidate["next_attempt"], 2, "{candidate}");
     let send_at = candidate["send_at"].as_u64().unwrap();
@@ -260,7 +193,7 @@ fn a_rate_limited_turn_is_listed_explained_in_words_and_cancelled() {
         "{error}"
     );
     // No retry was sent upstream meanwhile.
-    assert_eq!(upstream.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
 
 #[test]

@@ -9,8 +9,8 @@
 
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -21,63 +21,10 @@ use support::{Served, text};
 const KEY_A: &str = "sk-ant-api03-status-secret-AAAA";
 const KEY_B: &str = "sk-ant-api03-status-secret-BBBB";
 
-/// A fake upstream: every request the real API would serve is answered 429 with
-/// `Retry-After: 3600`.
-fn rate_limited_upstream() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            std::thread::spawn(move || rate_limit(stream));
-        }
-    });
-    url
-}
-
-fn rate_limit(stream: TcpStream) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let mut headers = std::collections::HashMap::new();
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 {
-            return;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
-        }
-    }
-    let Some(body) = support::read_body(&mut reader, &headers) else {
-        return;
-    };
-    let mut words = line.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let mut stream = stream;
-    if let Some(refusal) = support::claude_refusal(method, path, &headers, &body) {
-        let _ = stream.write_all(&refusal);
-        return;
-    }
-    let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"rate limited"}}"#;
-    let _ = write!(
-        stream,
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 3600\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{answer}",
-        answer.len()
-    );
-}
-
 /// The server of the scenario in the module docs, with the thread's retry scheduled:
 /// (server, thread, the retry's candidate as `pooler retry status --json` lists it).
 fn scenario() -> (Served, String, Value) {
-    let upstream = rate_limited_upstream();
+    let (upstream, _) = support::rate_limited_claude();
     let served = Served::start().never_prints(KEY_A).never_prints(KEY_B);
     served.ok(&["config", "set", "pool.claude-upstream-url", &upstream]);
     let mut ids = Vec::new();

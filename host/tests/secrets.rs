@@ -9,8 +9,7 @@
 
 #![cfg(unix)]
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -77,27 +76,13 @@ fn start_upstream() -> String {
 
 fn serve_one(stream: TcpStream) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let method = line.split_whitespace().next().unwrap_or("").to_owned();
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
-    let mut headers = HashMap::new();
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 {
-            return;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
-        }
-    }
-    let Some(body) = support::read_body(&mut reader, &headers) else {
+    let Some(support::RawRequest {
+        method,
+        path,
+        headers,
+        body,
+    }) = support::read_request(&mut reader)
+    else {
         return;
     };
     let mut stream = stream;
@@ -247,38 +232,6 @@ impl Drop for Server {
     }
 }
 
-/// One HTTP/1.1 request over a plain socket; the status and the body.
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
 fn messages(session: &str) -> String {
     serde_json::json!({
         "model": "claude-sonnet-4-5",
@@ -406,7 +359,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         .to_owned();
     let auth = format!("Bearer {route_token}");
     let send = |session: &str| {
-        http(
+        support::http(
             server.addr(),
             "POST",
             "/v1/messages",
@@ -476,7 +429,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
 
     // The pool's own 401: a wrong route token that looks like a real one.
     let wrong = format!("{}x", &route_token[..42]);
-    let (status, _) = http(
+    let (status, _) = support::http(
         server.addr(),
         "POST",
         "/v1/messages",
@@ -488,7 +441,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     );
     assert_eq!(status, 401);
     // The metrics, with and without the admin token.
-    let (status, metrics) = http(
+    let (status, metrics) = support::http(
         server.addr(),
         "GET",
         "/metrics",
@@ -497,7 +450,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     );
     assert_eq!(status, 200, "{metrics}");
     assert!(metrics.contains("pooler_pool_requests_total"), "{metrics}");
-    let (status, refused) = http(server.addr(), "GET", "/metrics", &[], "");
+    let (status, refused) = support::http(server.addr(), "GET", "/metrics", &[], "");
     assert_eq!(status, 401);
     outputs.0.push(("GET /metrics".into(), metrics));
     outputs
