@@ -58,15 +58,27 @@ pub fn filter(level: Option<&str>, default: &str) -> Result<EnvFilter, String> {
     }
 }
 
-/// Install the global subscriber writing to standard error.
+/// Install the global subscriber writing to standard error. Text is coloured only when
+/// standard error is a terminal and `NO_COLOR` is unset (a log file or a pipe gets plain
+/// text; JSON is never coloured).
 pub fn init(format: LogFormat, filter: EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.fmt_fields(TextFields).init(),
         LogFormat::Json => builder.event_format(JsonLines).init(),
     }
+}
+
+/// Whether log text is coloured: on a terminal, unless `NO_COLOR` is set to anything
+/// non-empty (<https://no-color.org>).
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The text format's fields: `name=value` separated by spaces; a plugin's `fields` are
@@ -309,6 +321,14 @@ mod tests {
             fields_json = %fields,
             "request served"
         );
+    }
+
+    #[test]
+    fn text_is_coloured_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".into())));
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None));
     }
 
     #[test]
