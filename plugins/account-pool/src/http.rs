@@ -199,8 +199,10 @@ pub fn with_oauth_beta<'a>(client: impl IntoIterator<Item = &'a str>) -> String 
     betas.join(",")
 }
 
-/// Whether an upstream response header is passed to the client (hop-by-hop and framing
-/// headers are not: the host frames the body itself).
+/// Whether an upstream response header is passed to the client. Not passed: hop-by-hop
+/// and framing headers (the host frames the body itself); `x-pooler-origin`, which only the
+/// pool may set (from upstream it would read as the pool's verdict); and `set-cookie`, a
+/// provider's cookie for a client that never talks to the provider.
 pub fn forward_response_header(name: &str) -> bool {
     !matches!(
         name.to_ascii_lowercase().as_str(),
@@ -214,6 +216,8 @@ pub fn forward_response_header(name: &str) -> bool {
             | "trailer"
             | "transfer-encoding"
             | "upgrade"
+            | ORIGIN_HEADER
+            | "set-cookie"
     )
 }
 
@@ -439,6 +443,8 @@ mod tests {
             );
         }
         assert!(!forward_response_header("Transfer-Encoding"));
+        assert!(!forward_response_header("X-Pooler-Origin"));
+        assert!(!forward_response_header("Set-Cookie"));
         assert!(forward_response_header(
             "anthropic-ratelimit-unified-5h-status"
         ));

@@ -77,6 +77,37 @@ fn an_oauth_request_adds_the_oauth_beta_to_the_clients_betas() {
     assert_eq!(k.up.last().headers.get("anthropic-beta"), None);
 }
 
+/// An upstream's `x-pooler-origin` would read as the pool's own verdict, and its
+/// `set-cookie` is for a client that never talks to the provider: neither reaches the
+/// client, on a success or on a passed-through failure; the rate-limit headers do.
+#[test]
+fn upstream_origin_and_cookie_headers_never_reach_the_client() {
+    let p = Pool::abc();
+    for status in [200, 400] {
+        p.up.set(
+            "a",
+            Reply::Status(
+                status,
+                vec![
+                    ("content-type", "application/json".into()),
+                    ("x-pooler-origin", "pool".into()),
+                    ("set-cookie", "__cf_bm=abc; HttpOnly".into()),
+                    ("anthropic-ratelimit-unified-status", "allowed".into()),
+                ],
+                "{}".into(),
+            ),
+        );
+        let r = p.claude(Some("S"));
+        assert_eq!(r.status, status);
+        assert_eq!(r.headers.get("x-pooler-origin"), None, "{status}");
+        assert_eq!(r.headers.get("set-cookie"), None, "{status}");
+        assert_eq!(
+            r.headers.get("anthropic-ratelimit-unified-status"),
+            Some("allowed")
+        );
+    }
+}
+
 #[test]
 fn passed_through_statuses_are_returned_as_is() {
     let p = Pool::abc();
