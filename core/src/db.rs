@@ -3,8 +3,6 @@
 //! the schema migrations, which are idempotent: each runs once, recorded in
 //! `PRAGMA user_version`, inside a transaction.
 
-use std::fs::DirBuilder;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -160,12 +158,7 @@ const MIGRATIONS: &[&str] = &[
 /// Opens (creating if needed) the core database in `data_dir` and brings its schema up to
 /// date. Returns the connection and the file's path.
 pub fn open(data_dir: &Path) -> Result<(Connection, PathBuf), CoreError> {
-    if !data_dir.exists() {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(data_dir)?;
-    }
+    crate::private_file::create_private_dir(data_dir)?;
     let path = data_dir.join(FILE_NAME);
     // Private from its creation on: it holds route tokens. What must survive a power loss (a
     // turn about to be sent to a provider), `synchronous=NORMAL` does not sync:

@@ -1,6 +1,7 @@
 //! Files only their owner may read: the databases, which hold route tokens and plugin
 //! state, and the host's token and server files. One function, [`create_private_file`],
-//! so every such file is created the same way.
+//! so every such file is created the same way, and one, [`create_private_dir`], for the
+//! directories they live in.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -39,6 +40,16 @@ pub fn create_private_file(path: &Path, existing: Existing) -> io::Result<File> 
         file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     }
     Ok(file)
+}
+
+/// Creates `dir` and any missing parents with mode 0700 (the owner only), whatever the
+/// umask; a directory already there is left as it is. Off Unix it only creates them.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
 }
 
 #[cfg(test)]
@@ -93,5 +104,20 @@ mod tests {
             .unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "three");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_private_dir_and_its_new_parents_are_the_owners_alone() {
+        let base = temp_dir();
+        let dir = base.join("a").join("b");
+        create_private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&base.join("a")), 0o700);
+        // An existing directory is left as it is.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        create_private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o750);
     }
 }

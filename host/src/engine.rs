@@ -228,12 +228,7 @@ fn entry_name(engine: &Engine, bytes: &[u8]) -> String {
 
 /// Create `dir` (0700) if needed and check it is this user's alone.
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder
-        .create(dir)
+    pooler_core::private_file::create_private_dir(dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     anyhow::ensure!(meta.is_dir(), "{} is not a directory", dir.display());

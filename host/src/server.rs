@@ -140,7 +140,7 @@ fn write_admin_token(data_dir: &Path) -> anyhow::Result<String> {
     getrandom::fill(&mut raw)
         .map_err(|e| anyhow::anyhow!("no randomness for the admin token: {e}"))?;
     let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::create_dir_all(data_dir)
+    pooler_core::private_file::create_private_dir(data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     let path = data_dir.join(ADMIN_TOKEN_FILE);
     let mut file = create_private_file(&path, Existing::Truncate)

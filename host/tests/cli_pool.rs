@@ -609,3 +609,18 @@ fn every_command_group_explains_itself_with_examples() {
         "{import}"
     );
 }
+
+/// The data directory `pooler serve` creates is its owner's alone (0700) whatever the umask:
+/// it holds the admin token and every database.
+#[cfg(unix)]
+#[test]
+fn the_data_directory_serve_creates_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let served = Served::start();
+    let mode = std::fs::metadata(&served.data)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o700, "{:o}", mode);
+}

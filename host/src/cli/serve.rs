@@ -62,7 +62,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config.server.listen = listen;
     }
     let data_dir = super::data_dir(args.data_dir)?;
-    std::fs::create_dir_all(&data_dir)
+    pooler_core::private_file::create_private_dir(&data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     let listen = config.server.listen;
     let compile_cache = super::compile_cache_dir(
