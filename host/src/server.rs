@@ -48,6 +48,14 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        if !is_local(addr.ip()) {
+            tracing::warn!(
+                %addr,
+                "listening beyond loopback: agents on other machines can reach the pool \
+                 (anyone who can reach it and holds a route token spends your accounts); the \
+                 admin API and /metrics still answer only on loopback"
+            );
+        }
         let token = write_admin_token(host.data_dir())?;
         let in_flight = Arc::new(AtomicUsize::new(0));
         let admin = Admin::new(
@@ -85,7 +93,7 @@ impl Server {
         let mut shutdown = std::pin::pin!(shutdown);
         let admin = Arc::new(self.admin);
         loop {
-            let (stream, _) = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(e) => {
@@ -101,11 +109,14 @@ impl Server {
             let host = self.host.clone();
             let admin = admin.clone();
             let in_flight = self.in_flight.clone();
+            let local_peer = is_local(peer.ip());
             let service = hyper::service::service_fn(move |req| {
                 let host = host.clone();
                 let admin = admin.clone();
                 let in_flight = in_flight.clone();
-                async move { Ok::<_, Infallible>(handle(&host, &admin, &in_flight, req).await) }
+                async move {
+                    Ok::<_, Infallible>(handle(&host, &admin, &in_flight, local_peer, req).await)
+                }
             });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
@@ -165,10 +176,17 @@ impl Drop for InFlight {
     }
 }
 
+/// Whether a peer is on this machine's loopback (an IPv4-mapped IPv6 loopback included).
+fn is_local(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
+/// `local_peer`: the connection comes from loopback (admin and metrics answer only then).
 async fn handle(
     host: &Host,
     admin: &Admin,
     in_flight: &Arc<AtomicUsize>,
+    local_peer: bool,
     req: Request<Incoming>,
 ) -> Response<HyperOutgoingBody> {
     let _counted = InFlight::new(in_flight);
@@ -181,6 +199,7 @@ async fn handle(
         "proxy"
     };
     let response = match kind {
+        "metrics" | "admin" if !local_peer => crate::admin::loopback_only(),
         "metrics" => admin.metrics(&req).await,
         "admin" => admin.handle(req).await,
         _ => proxy(host, req).await,
@@ -272,5 +291,27 @@ impl Body for LimitedBody {
 
     fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_are_local() {
+        for local in ["127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1"] {
+            assert!(is_local(local.parse().unwrap()), "{local}");
+        }
+        for remote in [
+            "10.0.0.2",
+            "192.168.1.7",
+            "0.0.0.0",
+            "::",
+            "fe80::1",
+            "::ffff:10.0.0.2",
+        ] {
+            assert!(!is_local(remote.parse().unwrap()), "{remote}");
+        }
     }
 }

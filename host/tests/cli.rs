@@ -138,3 +138,45 @@ fn serve_prints_where_it_listens_answers_and_stops_with_0_on_sigterm() {
     };
     assert_eq!(code, Some(0));
 }
+
+/// Bound to every address, the server warns that it is reachable beyond loopback, and its
+/// admin API still answers on loopback (a peer elsewhere gets 403 `loopback-only`: the
+/// server's unit tests decide which peers are local, since tests reach only 127.0.0.1).
+#[cfg(unix)]
+#[test]
+fn serve_on_every_address_warns_and_keeps_the_admin_api_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env("POOLER_DATA_DIR", &data)
+        .env("POOLER_CACHE_DIR", dir.path().join("cache"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr = first
+        .strip_prefix("pooler listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+        .to_string();
+    let port = addr.rsplit(':').next().unwrap();
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let status = get(&format!("127.0.0.1:{port}"), "/_pooler/status", &token);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(log.contains("listening beyond loopback"), "{log}");
+    assert!(
+        !log.contains(token.trim()),
+        "the admin token is never logged"
+    );
+}

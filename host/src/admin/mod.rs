@@ -251,6 +251,19 @@ impl Admin {
     }
 }
 
+/// The answer to an admin or `/metrics` request from a peer that is not on loopback: 403
+/// `loopback-only`. The admin token must not cross a network in clear text, so a server
+/// bound to a non-loopback address proxies for every peer but answers these only locally.
+pub fn loopback_only() -> Response<HyperOutgoingBody> {
+    let e = ApiError::new(
+        StatusCode::FORBIDDEN,
+        "loopback-only",
+        "the admin API and /metrics answer only on loopback (127.0.0.1 or ::1); run the \
+         command on the server's machine",
+    );
+    json_response(e.status, &e.to_json())
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
