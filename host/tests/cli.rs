@@ -94,16 +94,24 @@ fn get(addr: &str, path: &str, token: &str) -> String {
     response
 }
 
-#[cfg(unix)]
-#[test]
-fn serve_prints_where_it_listens_answers_and_stops_with_0_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
+/// Start `pooler serve --listen LISTEN` on `data` (the tests' shared compile cache, not the
+/// user's) and read its first line: the child, the address it listens on and its further
+/// standard output.
+fn serve(
+    listen: &str,
+    data: &std::path::Path,
+    stderr: Stdio,
+) -> (
+    std::process::Child,
+    String,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("POOLER_DATA_DIR", &data)
+        .args(["serve", "--listen", listen])
+        .env("POOLER_DATA_DIR", data)
+        .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -112,6 +120,15 @@ fn serve_prints_where_it_listens_answers_and_stops_with_0_on_sigterm() {
         .strip_prefix("pooler listening on http://")
         .unwrap_or_else(|| panic!("unexpected first line: {first}"))
         .to_string();
+    (child, addr, lines)
+}
+
+#[cfg(unix)]
+#[test]
+fn serve_prints_where_it_listens_answers_and_stops_with_0_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (mut child, addr, mut lines) = serve("127.0.0.1:0", &data, Stdio::null());
     let second = lines.next().unwrap().unwrap();
     assert_eq!(second, format!("data directory: {}", data.display()));
 
@@ -147,20 +164,7 @@ fn serve_prints_where_it_listens_answers_and_stops_with_0_on_sigterm() {
 fn serve_on_every_address_warns_and_keeps_the_admin_api_on_loopback() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
-        .args(["serve", "--listen", "0.0.0.0:0"])
-        .env("POOLER_DATA_DIR", &data)
-        .env("POOLER_CACHE_DIR", dir.path().join("cache"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    let addr = first
-        .strip_prefix("pooler listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-        .to_string();
+    let (mut child, addr, _lines) = serve("0.0.0.0:0", &data, Stdio::piped());
     let port = addr.rsplit(':').next().unwrap();
     let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
     let status = get(&format!("127.0.0.1:{port}"), "/_pooler/status", &token);

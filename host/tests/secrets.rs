@@ -166,6 +166,8 @@ impl Server {
             .args(["--log-format", "json", "--log-level", LOG_FILTER])
             .env_remove("POOLER_DATA_DIR")
             .env_remove("RUST_LOG")
+            // The tests' shared compile cache, not the user's.
+            .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
