@@ -12,6 +12,11 @@ use crate::model::{LimitKind, LimitStatus, LimitWindow, Provider, RateLimitSnaps
 
 const CLAUDE_PREFIX: &str = "anthropic-ratelimit-unified-";
 
+/// The latest reset a snapshot states: `i64::MAX` ms, the largest an SQLite integer holds.
+/// An absurd header (`reset-after-seconds: 1e300`) gives this, never a time wrapped into
+/// the past or an overflow panic.
+const FAR_FUTURE_MS: Timestamp = i64::MAX as Timestamp;
+
 /// The snapshot the headers describe, or `None` when they carry no rate-limit state.
 pub fn snapshot_from_headers(
     provider: Provider,
@@ -54,7 +59,8 @@ fn worst(statuses: impl Iterator<Item = LimitStatus>) -> LimitStatus {
 
 fn epoch_seconds_to_ms(text: &str) -> Option<Timestamp> {
     let s: f64 = text.parse().ok()?;
-    (s.is_finite() && s >= 0.0).then_some((s * 1000.0) as Timestamp)
+    // `as` saturates a float too large for the integer; the cap keeps it storable.
+    (s.is_finite() && s >= 0.0).then_some(((s * 1000.0) as Timestamp).min(FAR_FUTURE_MS))
 }
 
 fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapshot> {
@@ -87,7 +93,14 @@ fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnaps
         match field {
             "status" => window.status = claude_status(value),
             "reset" => window.resets_at = epoch_seconds_to_ms(value),
-            _ => window.utilization = value.parse::<f64>().ok().map(|u| u.clamp(0.0, 1.0)),
+            // `NaN` parses as a float; a utilization is a number or nothing.
+            _ => {
+                window.utilization = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|u| !u.is_nan())
+                    .map(|u| u.clamp(0.0, 1.0))
+            }
         }
     }
     let overall = header(headers, &format!("{CLAUDE_PREFIX}status")).map(claude_status);
@@ -145,13 +158,18 @@ fn codex_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapsh
     let mut windows = Vec::new();
     for slot in ["primary", "secondary"] {
         let field = |f: &str| header(headers, &format!("x-codex-{slot}-{f}"));
-        let used = field("used-percent").and_then(|v| v.parse::<f64>().ok());
+        let used = field("used-percent")
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|u| !u.is_nan());
         let minutes = field("window-minutes").and_then(|v| v.parse::<u64>().ok());
         let resets_at = field("reset-at").and_then(epoch_seconds_to_ms).or_else(|| {
             field("reset-after-seconds")
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(|s| now + (s * 1000.0) as Timestamp)
+                .map(|s| {
+                    now.saturating_add((s * 1000.0) as Timestamp)
+                        .min(FAR_FUTURE_MS)
+                })
         });
         let over_limit = field("over-limit").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         if used.is_none() && minutes.is_none() && resets_at.is_none() && !over_limit {
@@ -267,5 +285,113 @@ mod tests {
         assert_eq!(s.windows[1].status, LimitStatus::Allowed);
         assert_eq!(s.windows[1].utilization, Some(0.355));
         assert_eq!(s.windows[1].resets_at, Some(1_790_600_000_000));
+    }
+
+    /// Absurd resets (issue 18, item 9) saturate at the far future instead of
+    /// overflowing (a panic in debug builds, a reset wrapped into the past in release).
+    #[test]
+    fn absurd_resets_saturate_and_nan_is_no_utilization() {
+        let h = headers(&[
+            ("x-codex-primary-reset-after-seconds", "1e300"),
+            ("x-codex-secondary-reset-at", "1e300"),
+            ("x-codex-secondary-used-percent", "NaN"),
+        ]);
+        let s = snapshot_from_headers(Provider::Codex, &h, 1_700_000_000_000).unwrap();
+        assert_eq!(s.windows[0].resets_at, Some(FAR_FUTURE_MS));
+        assert_eq!(s.windows[1].resets_at, Some(FAR_FUTURE_MS));
+        assert_eq!(s.windows[1].utilization, None);
+        let h = headers(&[("anthropic-ratelimit-unified-5h-utilization", "NaN")]);
+        let s = snapshot_from_headers(Provider::Claude, &h, 0).unwrap();
+        assert_eq!(s.windows[0].utilization, None);
+    }
+
+    use proptest::prelude::*;
+
+    /// A header value as an upstream may send one (numbers of every size and sign, NaN,
+    /// infinities, words), restricted to what a header may hold.
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|f| f.to_string()),
+            (-400i32..400).prop_map(|e| format!("1e{e}")),
+            prop::sample::select(vec![
+                "NaN",
+                "nan",
+                "inf",
+                "-inf",
+                "infinity",
+                "-0",
+                "",
+                "true",
+                "rejected",
+                "allowed",
+                "allowed_warning",
+                "1e309",
+                "18446744073709551616",
+            ])
+            .prop_map(str::to_owned),
+            "[ -~]{0,24}",
+        ]
+    }
+
+    fn names() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (
+                prop::sample::select(vec!["5h", "7d", "7d_opus", "overage", "a-b", ""]),
+                prop::sample::select(vec!["status", "reset", "utilization"]),
+            )
+                .prop_map(|(w, f)| format!("{CLAUDE_PREFIX}{w}-{f}")),
+            (
+                prop::sample::select(vec!["primary", "secondary"]),
+                prop::sample::select(vec![
+                    "used-percent",
+                    "window-minutes",
+                    "reset-at",
+                    "reset-after-seconds",
+                    "over-limit",
+                ]),
+            )
+                .prop_map(|(s, f)| format!("x-codex-{s}-{f}")),
+            prop::sample::select(vec![
+                "anthropic-ratelimit-unified-status",
+                "anthropic-ratelimit-unified-overage-status",
+                "anthropic-ratelimit-unified-representative-claim",
+            ])
+            .prop_map(str::to_owned),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Rate-limit headers of any value at any time (issue 18, item 13): a snapshot
+        /// never panics (no overflow), is deterministic, and its utilizations are numbers
+        /// in 0..=1 (never NaN).
+        #[test]
+        fn snapshots_of_any_header_values_are_sane(
+            pairs in prop::collection::vec((names(), value()), 0..8),
+            now in prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()],
+        ) {
+            let mut h = HeaderMap::new();
+            for (n, v) in &pairs {
+                h.append(
+                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            for provider in [Provider::Claude, Provider::Codex] {
+                let s = snapshot_from_headers(provider, &h, now);
+                prop_assert_eq!(&s, &snapshot_from_headers(provider, &h, now));
+                for w in s.iter().flat_map(|s| &s.windows) {
+                    if let Some(u) = w.utilization {
+                        prop_assert!((0.0..=1.0).contains(&u), "utilization {}", u);
+                    }
+                    if let Some(r) = w.resets_at {
+                        prop_assert!(r <= FAR_FUTURE_MS, "reset {}", r);
+                    }
+                }
+            }
+        }
     }
 }

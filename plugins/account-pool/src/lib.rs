@@ -36,5 +36,9 @@ pub mod store;
 pub mod stream;
 pub mod token;
 
+/// Strategies of the property tests (issue 18, item 13).
+#[cfg(test)]
+mod props;
+
 #[cfg(target_arch = "wasm32")]
 mod component;

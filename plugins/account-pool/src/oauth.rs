@@ -5,6 +5,7 @@
 use crate::model::{OAuthTokens, Provider};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use pooler_plugin_kit::time::{FAR_FUTURE_MS, after, secs_to_ms};
 use serde_json::{Value, json};
 
 /// Refresh proactively when the access token expires within this time.
@@ -141,10 +142,11 @@ pub fn parse_refresh_response(
         .or_else(|| {
             v.get("expires_in")
                 .and_then(Value::as_f64)
-                .map(|s| now + (s * 1000.0) as u64)
+                .and_then(secs_to_ms)
+                .map(|ms| after(now, ms))
         })
         .or_else(|| jwt_exp_ms(access))
-        .unwrap_or(now + DEFAULT_LIFETIME_MS);
+        .unwrap_or(after(now, DEFAULT_LIFETIME_MS));
     RefreshResult::Refreshed(OAuthTokens {
         access_token: access.to_owned(),
         refresh_token: v
@@ -164,7 +166,7 @@ pub fn jwt_exp_ms(token: &str) -> Option<u64> {
     let bytes = URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
     let v: Value = serde_json::from_slice(&bytes).ok()?;
     let exp = v.get("exp")?.as_f64()?;
-    (exp.is_finite() && exp > 0.0).then_some((exp * 1000.0) as u64)
+    (exp.is_finite() && exp > 0.0).then_some(((exp * 1000.0) as u64).min(FAR_FUTURE_MS))
 }
 
 /// Parse a login file: Claude Code's `.credentials.json` (`claudeAiOauth.accessToken`,
@@ -300,6 +302,28 @@ mod tests {
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["grant_type"], "refresh_token");
         assert_eq!(v["refresh_token"], "rt");
+    }
+
+    /// A token lifetime of absurd length expires at the far future, never wrapping.
+    #[test]
+    fn a_huge_token_lifetime_saturates() {
+        use pooler_plugin_kit::time::FAR_FUTURE_MS;
+        let old = tokens();
+        for body in [
+            r#"{"access_token":"new","expires_in":1e300}"#,
+            r#"{"access_token":"new","expires_in":1.8446744073709552e16}"#,
+        ] {
+            match parse_refresh_response(200, body.as_bytes(), None, &old, NOW) {
+                RefreshResult::Refreshed(t) => {
+                    assert_eq!(t.expires_at, Some(FAR_FUTURE_MS), "{body}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        match parse_refresh_response(200, br#"{"access_token":"new"}"#, None, &old, u64::MAX) {
+            RefreshResult::Refreshed(t) => assert_eq!(t.expires_at, Some(FAR_FUTURE_MS)),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn jwt(exp: u64) -> String {

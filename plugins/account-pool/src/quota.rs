@@ -7,6 +7,7 @@
 
 use crate::http::Headers;
 use crate::model::Family;
+use pooler_plugin_kit::time::{FAR_FUTURE_MS, after, secs_text_to_ms, secs_to_ms};
 use serde_json::Value;
 
 /// What a `Retry-After` means when it is missing or unreadable.
@@ -16,18 +17,21 @@ pub const DEFAULT_RETRY_AFTER_MS: u64 = 1_000;
 const SECONDS_LIMIT: f64 = 1e12;
 
 /// Parse an absolute reset: a number (seconds below 10¹², else milliseconds) or an HTTP
-/// date / RFC 3339 time.
+/// date / RFC 3339 time. A reset beyond the far future is the far future
+/// ([`FAR_FUTURE_MS`]).
 pub fn parse_reset(s: &str) -> Option<u64> {
     let s = s.trim();
     if let Ok(n) = s.parse::<f64>() {
         if !n.is_finite() || n < 0.0 {
             return None;
         }
-        return Some(if n < SECONDS_LIMIT {
+        // `as` saturates a float too large for u64; the cap keeps it storable.
+        let ms = if n < SECONDS_LIMIT {
             (n * 1000.0).round() as u64
         } else {
             n as u64
-        });
+        };
+        return Some(ms.min(FAR_FUTURE_MS));
     }
     parse_http_date(s)
 }
@@ -44,11 +48,13 @@ pub fn parse_retry_after(value: Option<&str>, now: u64) -> u64 {
     retry_after_ms(value, now).unwrap_or(DEFAULT_RETRY_AFTER_MS)
 }
 
-/// `Retry-After` as a delay in milliseconds, None when missing or invalid.
+/// `Retry-After` as a delay in milliseconds, None when missing or invalid. An absurd
+/// delay saturates at [`FAR_FUTURE_MS`] (`now + delay` goes through
+/// [`pooler_plugin_kit::time::after`]).
 pub fn retry_after_ms(value: Option<&str>, now: u64) -> Option<u64> {
     let v = value?.trim();
-    if let Ok(secs) = v.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0).ceil() as u64);
+    if v.parse::<f64>().is_ok() {
+        return secs_text_to_ms(v);
     }
     parse_http_date(v).map(|at| at.saturating_sub(now))
 }
@@ -331,9 +337,8 @@ pub fn parse_codex_headers(headers: &Headers, now: u64) -> Observation {
             .map(|u| (u / 100.0).clamp(0.0, 1.0));
         let reset = get("reset-at").and_then(parse_reset).or_else(|| {
             get("reset-after-seconds")
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(|s| now + (s * 1000.0).ceil() as u64)
+                .and_then(secs_text_to_ms)
+                .map(|ms| after(now, ms))
         });
         let over = get("over-limit").map(|v| v.trim().eq_ignore_ascii_case("true"));
         if used.is_none() && reset.is_none() && over.is_none() {
@@ -387,7 +392,8 @@ fn usage_window(name: &str, family: Option<Family>, v: &Value, now: u64) -> Opti
     .or_else(|| {
         v.get("reset_after_seconds")
             .and_then(Value::as_f64)
-            .map(|s| now + (s * 1000.0).ceil() as u64)
+            .and_then(secs_to_ms)
+            .map(|ms| after(now, ms))
     });
     utilization?;
     let status = if utilization.is_some_and(|u| u >= 1.0) {
@@ -545,6 +551,43 @@ mod tests {
         for (input, want) in table {
             assert_eq!(parse_retry_after(input, NOW), want, "{input:?}");
         }
+    }
+
+    /// Absurd numbers of seconds (item 9 of issue 18): a delay or a reset at the far future,
+    /// never a time wrapped into the past (release) or a panic (debug).
+    #[test]
+    fn huge_delays_and_resets_saturate_at_the_far_future() {
+        use pooler_plugin_kit::time::FAR_FUTURE_MS;
+        for huge in ["1e300", "18446744073709551615", "9223372036854775807"] {
+            assert_eq!(
+                retry_after_ms(Some(huge), NOW),
+                Some(FAR_FUTURE_MS),
+                "{huge}"
+            );
+            assert_eq!(parse_reset(huge), Some(FAR_FUTURE_MS), "{huge}");
+            let codex = Headers::from([
+                ("x-codex-primary-used-percent", "100"),
+                ("x-codex-primary-reset-after-seconds", huge),
+            ]);
+            let obs = parse_codex_headers(&codex, NOW);
+            assert_eq!(obs.windows[0].resets_at, Some(FAR_FUTURE_MS), "{huge}");
+            let claude = Headers::from([
+                ("anthropic-ratelimit-unified-5h-utilization", "1.0"),
+                ("anthropic-ratelimit-unified-5h-reset", huge),
+            ]);
+            let obs = parse_claude_headers(&claude, NOW);
+            assert_eq!(obs.windows[0].resets_at, Some(FAR_FUTURE_MS), "{huge}");
+        }
+        let usage = serde_json::json!({"rate_limit": {"primary_window": {
+            "used_percent": 100.0, "reset_after_seconds": 1e300}}});
+        let obs = parse_codex_usage(&usage, NOW);
+        assert_eq!(obs.windows[0].resets_at, Some(FAR_FUTURE_MS));
+        // Now itself at the far future: still no wrap.
+        let obs = parse_codex_headers(
+            &Headers::from([("x-codex-primary-reset-after-seconds", "60")]),
+            u64::MAX,
+        );
+        assert_eq!(obs.windows[0].resets_at, Some(FAR_FUTURE_MS));
     }
 
     #[test]
@@ -797,5 +840,155 @@ mod tests {
         assert_eq!(obs.windows[0].resets_at, Some(NOW + 100_000));
         assert!(obs.rejects_shared(NOW));
         assert_eq!(obs.credits, Some(true));
+    }
+
+    use crate::props;
+    use pooler_plugin_kit::time::FAR_FUTURE_MS;
+    use proptest::prelude::*;
+
+    fn any_claude_headers() -> impl Strategy<Value = Vec<(String, String)>> {
+        let window =
+            prop::sample::select(vec!["5h", "7d", "7d_opus", "7d_sonnet", "7d_", "overage"]);
+        let field = prop::sample::select(vec!["utilization", "reset", "status"]);
+        let named = (window, field).prop_map(|(w, f)| format!("{CLAUDE_PREFIX}{w}-{f}"));
+        let other = prop::sample::select(vec![
+            "anthropic-ratelimit-unified-overage-status",
+            "anthropic-ratelimit-unified-representative-claim",
+            "anthropic-ratelimit-unified-status",
+            "retry-after",
+        ])
+        .prop_map(str::to_owned);
+        prop::collection::vec(
+            (prop_oneof![3 => named, 1 => other], props::header_value()),
+            0..8,
+        )
+    }
+
+    fn any_codex_headers() -> impl Strategy<Value = Vec<(String, String)>> {
+        let slot = prop::sample::select(vec!["primary", "secondary"]);
+        let field = prop::sample::select(vec![
+            "used-percent",
+            "window-minutes",
+            "reset-at",
+            "reset-after-seconds",
+            "over-limit",
+        ]);
+        let named = (slot, field).prop_map(|(s, f)| format!("x-codex-{s}-{f}"));
+        let other = prop::sample::select(vec![
+            "x-codex-credits-has-credits",
+            "x-codex-credits-unlimited",
+            "x-codex-rate-limit-reached-type",
+        ])
+        .prop_map(str::to_owned);
+        prop::collection::vec(
+            (prop_oneof![3 => named, 1 => other], props::header_value()),
+            0..8,
+        )
+    }
+
+    fn headers_of(pairs: &[(String, String)]) -> Headers {
+        let mut h = Headers::new();
+        for (n, v) in pairs {
+            h.push(n, v.as_str());
+        }
+        h
+    }
+
+    /// What every observation must satisfy, whatever the headers said.
+    fn sane(obs: &Observation, now: u64) -> Result<(), TestCaseError> {
+        for w in &obs.windows {
+            if let Some(u) = w.utilization {
+                prop_assert!((0.0..=1.0).contains(&u), "utilization {}", u);
+            }
+            if let Some(r) = w.resets_at {
+                prop_assert!(r <= FAR_FUTURE_MS, "reset {}", r);
+            }
+            prop_assert_eq!(w.observed_at, now);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(props::config())]
+
+        /// Rate-limit headers of any values, at any time: parsing never panics (no
+        /// overflow), is deterministic, keeps utilization in 0..=1 and every reset at or
+        /// before the far future.
+        #[test]
+        fn rate_limit_headers_of_any_value_parse_sanely(
+            claude in any_claude_headers(),
+            codex in any_codex_headers(),
+            now in prop_oneof![Just(NOW), Just(u64::MAX), Just(FAR_FUTURE_MS), any::<u64>()],
+        ) {
+            let h = headers_of(&claude);
+            let obs = parse_claude_headers(&h, now);
+            prop_assert_eq!(&obs, &parse_claude_headers(&h, now));
+            sane(&obs, now)?;
+            let h = headers_of(&codex);
+            let obs = parse_codex_headers(&h, now);
+            prop_assert_eq!(&obs, &parse_codex_headers(&h, now));
+            sane(&obs, now)?;
+        }
+
+        /// Retry-After of any value at any time: a delay at most the far future; 1 s when
+        /// missing or unreadable; `now` plus it never wraps.
+        #[test]
+        fn retry_after_of_any_value_is_a_bounded_delay(
+            v in props::header_value(),
+            now in prop_oneof![Just(NOW), Just(u64::MAX), any::<u64>()],
+        ) {
+            let d = parse_retry_after(Some(&v), now);
+            prop_assert!(d <= FAR_FUTURE_MS);
+            prop_assert_eq!(retry_after_ms(Some(&v), now).unwrap_or(DEFAULT_RETRY_AFTER_MS), d);
+            prop_assert!(pooler_plugin_kit::time::after(now, d) >= now.min(FAR_FUTURE_MS));
+            prop_assert!(parse_reset(&v).is_none_or(|r| r <= FAR_FUTURE_MS));
+        }
+
+        /// Retry-After in seconds is those seconds in milliseconds, rounded up.
+        #[test]
+        fn retry_after_seconds_are_milliseconds_rounded_up(ms in 0u64..10_000_000_000) {
+            let secs = format!("{}.{:03}", ms / 1000, ms % 1000);
+            prop_assert_eq!(retry_after_ms(Some(&secs), NOW), Some(ms));
+            prop_assert_eq!(retry_after_ms(Some(&(ms / 1000).to_string()), NOW), Some(ms / 1000 * 1000));
+        }
+
+        /// Retry-After as an HTTP date is the time until it (0 once passed), to the second.
+        #[test]
+        fn retry_after_dates_are_the_time_until_them(at_s in 0u64..4_000_000_000, now in 0u64..4_000_000_000_000) {
+            let date = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(at_s));
+            prop_assert_eq!(retry_after_ms(Some(&date), now), Some((at_s * 1000).saturating_sub(now)));
+        }
+
+        /// RFC 3339 times of any digits, and any text: parsing never panics, and a time it
+        /// reads is the one written (checked against an HTTP date of the same instant).
+        #[test]
+        fn rfc3339_of_any_text_never_panics(s in props::header_value(), ms in 0u64..253_402_300_799_000) {
+            let _ = parse_rfc3339(&s);
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+            let secs = ms / 1000;
+            let days = secs / 86_400;
+            // Civil date of `days` (Howard Hinnant's inverse), to write the time out.
+            let z = days as i64 + 719_468;
+            let era = z.div_euclid(146_097);
+            let doe = z - era * 146_097;
+            let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+            let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+            let mp = (5 * doy + 2) / 153;
+            let d = doy - (153 * mp + 2) / 5 + 1;
+            let m = if mp < 10 { mp + 3 } else { mp - 9 };
+            let y = yoe + era * 400 + i64::from(m <= 2);
+            let text = format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+                secs % 86_400 / 3600,
+                secs % 3600 / 60,
+                secs % 60,
+                ms % 1000
+            );
+            prop_assert_eq!(parse_rfc3339(&text), Some(ms), "{}", text);
+            prop_assert_eq!(
+                parse_http_date(&httpdate::fmt_http_date(t)),
+                Some(secs * 1000)
+            );
+        }
     }
 }

@@ -429,4 +429,236 @@ mod tests {
         assert_eq!(normalise_key(""), None);
         assert_eq!(normalise_key("session:"), None);
     }
+
+    use crate::props;
+    use proptest::prelude::*;
+
+    /// Header names that are not read for a session (near misses included).
+    const DECOY_HEADERS: [&str; 7] = [
+        "x-session-id",
+        "x-claude-code-session",
+        "thread",
+        "x-thread-id",
+        "session",
+        "anthropic-session-id",
+        "x-codex-thread-id",
+    ];
+
+    fn headers_of(pairs: &[(String, String)]) -> Headers {
+        let mut h = Headers::new();
+        for (n, v) in pairs {
+            h.push(n, v.as_str());
+        }
+        h
+    }
+
+    fn any_headers() -> impl Strategy<Value = Vec<(String, String)>> {
+        let name = prop::sample::select(vec![
+            "x-claude-code-session-id",
+            "thread-id",
+            "session-id",
+            "session_id",
+            "x-codex-turn-metadata",
+            "x-codex-parent-thread-id",
+            "x-session-id",
+            "thread",
+        ])
+        .prop_map(str::to_owned);
+        let value = prop_oneof![
+            3 => props::text(),
+            1 => props::json().prop_map(|v| v.to_string()),
+        ];
+        prop::collection::vec((name, value), 0..4)
+    }
+
+    /// Members, object or header names, that no documented place uses.
+    fn decoys(taken: &'static [&'static str]) -> impl Strategy<Value = Vec<(String, Value)>> {
+        prop::collection::vec(
+            (
+                props::key().prop_filter("undocumented", move |k| !taken.contains(&k.as_str())),
+                props::json(),
+            ),
+            0..4,
+        )
+    }
+
+    fn decoy_headers() -> impl Strategy<Value = Vec<(String, String)>> {
+        prop::collection::vec(
+            (
+                prop::sample::select(DECOY_HEADERS.to_vec()).prop_map(str::to_owned),
+                props::text(),
+            ),
+            0..3,
+        )
+    }
+
+    /// Where a Claude request states its session.
+    #[derive(Debug, Clone)]
+    enum ClaudePlace {
+        Nowhere,
+        /// `metadata.user_id` holding JSON text with `session_id` (and a parent).
+        JsonText,
+        /// `metadata.user_id` as an inline object.
+        Inline,
+        /// The legacy `user_<h>_account_<u>_session_<id>` form.
+        Legacy,
+        /// The `X-Claude-Code-Session-Id` header.
+        Header,
+    }
+
+    fn claude_place() -> impl Strategy<Value = ClaudePlace> {
+        prop_oneof![
+            Just(ClaudePlace::Nowhere),
+            Just(ClaudePlace::JsonText),
+            Just(ClaudePlace::Inline),
+            Just(ClaudePlace::Legacy),
+            Just(ClaudePlace::Header),
+        ]
+    }
+
+    fn as_object(kv: Vec<(String, Value)>) -> serde_json::Map<String, Value> {
+        kv.into_iter().collect()
+    }
+
+    proptest! {
+        #![proptest_config(props::config())]
+
+        /// Any headers and any body (damaged, not JSON, not an object): extraction never
+        /// panics, gives the same answer twice, and finds what a full parse of the body
+        /// would give it.
+        #[test]
+        fn extraction_is_total_deterministic_and_agrees_with_a_full_parse(
+            headers in any_headers(),
+            body in props::body(),
+        ) {
+            let h = headers_of(&headers);
+            for provider in [Provider::Claude, Provider::Codex] {
+                let once = extract(provider, &h, &body);
+                prop_assert_eq!(&once, &extract(provider, &h, &body));
+                if let Ok(full) = serde_json::from_slice::<Value>(&body) {
+                    let by_full = match provider {
+                        Provider::Claude => extract_claude(&h, Some(&full)),
+                        Provider::Codex => extract_codex(&h, Some(&full)),
+                    };
+                    prop_assert_eq!(&once, &by_full);
+                }
+                for k in once.key.iter().chain(once.parent.iter()) {
+                    prop_assert!(normalise_key(k).as_deref() == Some(k.as_str()), "{}", k);
+                }
+            }
+        }
+
+        /// A Claude session comes only from `metadata.user_id` and the session header:
+        /// members, `metadata` fields and headers anywhere else change nothing, and an
+        /// id stated in a documented place is the key.
+        #[test]
+        fn a_claude_session_comes_only_from_its_documented_places(
+            place in claude_place(),
+            id in props::text(),
+            parent in props::text(),
+            top in decoys(&["metadata", "model"]),
+            in_metadata in decoys(&["user_id"]),
+            extra_headers in decoy_headers(),
+        ) {
+            let mut headers = Vec::new();
+            let user_id = match place {
+                ClaudePlace::Nowhere => None,
+                ClaudePlace::JsonText => Some(Value::String(
+                    serde_json::json!({"session_id": id, "parent_session_id": parent}).to_string(),
+                )),
+                ClaudePlace::Inline => {
+                    Some(serde_json::json!({"session_id": id, "parent_session_id": parent}))
+                }
+                ClaudePlace::Legacy => Some(Value::String(format!("user_ab_account_cd_session_{id}"))),
+                ClaudePlace::Header => {
+                    headers.push(("x-claude-code-session-id".to_owned(), id.clone()));
+                    None
+                }
+            };
+            let plain = |metadata_extra: Vec<(String, Value)>, top_extra: Vec<(String, Value)>| {
+                let mut metadata = as_object(metadata_extra);
+                if let Some(u) = &user_id {
+                    metadata.insert("user_id".into(), u.clone());
+                }
+                let mut body = as_object(top_extra);
+                body.insert("model".into(), Value::String("claude-sonnet-4-5".into()));
+                body.insert("metadata".into(), Value::Object(metadata));
+                Value::Object(body).to_string()
+            };
+            let bare = extract(Provider::Claude, &headers_of(&headers), plain(vec![], vec![]).as_bytes());
+            let mut noisy_headers = extra_headers;
+            noisy_headers.extend(headers.iter().cloned());
+            let noisy = extract(
+                Provider::Claude,
+                &headers_of(&noisy_headers),
+                plain(in_metadata, top).as_bytes(),
+            );
+            prop_assert_eq!(&noisy, &bare);
+            let stated = match place {
+                ClaudePlace::Nowhere => None,
+                _ if !valid_id(&id) => None,
+                // The id is what follows the last `_session_`: an id with `_` in it may
+                // make another (the real ids are UUIDs).
+                ClaudePlace::Legacy if id.contains('_') => None,
+                _ => Some(session_key(&id)),
+            };
+            if stated.is_some() {
+                prop_assert_eq!(&bare.key, &stated);
+            } else if matches!(place, ClaudePlace::Nowhere) {
+                prop_assert_eq!(&bare.key, &None);
+            }
+        }
+
+        /// A Codex session comes only from its documented headers, `client_metadata`
+        /// fields and `prompt_cache_key`: anything else changes nothing.
+        #[test]
+        fn a_codex_session_comes_only_from_its_documented_places(
+            headers in any_headers(),
+            client in prop::option::of(prop::collection::vec(
+                (
+                    prop::sample::select(vec![
+                        "thread_id", "session_id", "x-codex-turn-metadata",
+                        "x-codex-parent-thread-id",
+                    ]).prop_map(str::to_owned),
+                    prop_oneof![
+                        props::text().prop_map(Value::String),
+                        props::json(),
+                    ],
+                ),
+                0..4,
+            )),
+            cache_key in prop::option::of(props::text()),
+            top in decoys(&["client_metadata", "prompt_cache_key", "model", "metadata"]),
+            in_client in decoys(&[
+                "thread_id", "session_id", "x-codex-turn-metadata", "x-codex-parent-thread-id",
+            ]),
+            extra_headers in decoy_headers(),
+        ) {
+            let build = |client_extra: Vec<(String, Value)>, top_extra: Vec<(String, Value)>| {
+                let mut body = as_object(top_extra);
+                if let Some(c) = &client {
+                    let mut meta = as_object(client_extra);
+                    meta.extend(c.iter().cloned());
+                    body.insert("client_metadata".into(), Value::Object(meta));
+                }
+                if let Some(k) = &cache_key {
+                    body.insert("prompt_cache_key".into(), Value::String(k.clone()));
+                }
+                Value::Object(body).to_string()
+            };
+            let bare = extract(Provider::Codex, &headers_of(&headers), build(vec![], vec![]).as_bytes());
+            let mut noisy_headers = extra_headers;
+            noisy_headers.extend(headers.iter().cloned());
+            let noisy = extract(
+                Provider::Codex,
+                &headers_of(&noisy_headers),
+                build(if client.is_some() { in_client } else { vec![] }, top).as_bytes(),
+            );
+            prop_assert_eq!(&noisy, &bare);
+            if headers.is_empty() && client.is_none() {
+                let want = cache_key.filter(|k| valid_id(k)).map(|k| format!("cache:{k}"));
+                prop_assert_eq!(&bare.key, &want);
+            }
+        }
+    }
 }

@@ -272,6 +272,43 @@ fn is_stop(c: u8) -> bool {
     c == b'"' || c == b'\\' || c < 0x20
 }
 
+/// The algorithm of [`simd_string_end`], written once for its two users: `$b` the bytes,
+/// `$i` the index (a `mut` variable), and `|$at| $mask` the stop mask of the 16 bytes at
+/// `$at` (bit k set when byte `$at + k` is a quote, a backslash or below 0x20). The
+/// wasm32 function computes the mask with simd128; a native test computes it lane by
+/// lane, so the block stepping, the tail and the escapes run natively too (the SIMD path
+/// otherwise runs only in the component). A macro, not a function taking a closure, so
+/// the vector code stays inline in the `target_feature` function.
+#[cfg(any(target_arch = "wasm32", test))]
+macro_rules! blocked_string_end {
+    ($b:ident, $i:ident, |$at:ident| $mask:expr) => {
+        loop {
+            // The first stop byte at or after `i`, or the end.
+            loop {
+                if $i + 16 <= $b.len() {
+                    let $at = $i;
+                    let mask: u32 = $mask;
+                    if mask != 0 {
+                        $i += mask.trailing_zeros() as usize;
+                        break;
+                    }
+                    $i += 16;
+                } else {
+                    while $i < $b.len() && !is_stop($b[$i]) {
+                        $i += 1;
+                    }
+                    break;
+                }
+            }
+            match $b.get($i) {
+                Some(b'"') => return Ok($i + 1),
+                Some(b'\\') => $i = escape_end($b, $i + 1)?,
+                _ => return Err(()),
+            }
+        }
+    };
+}
+
 /// [`string_end`] with each run of plain bytes stepped over 16 at a time; one function, so
 /// the vector code stays inline around every stop.
 #[cfg(target_arch = "wasm32")]
@@ -281,35 +318,28 @@ unsafe fn simd_string_end(b: &[u8], mut i: usize) -> Result<usize, ()> {
     let quote = u8x16_splat(b'"');
     let backslash = u8x16_splat(b'\\');
     let space = u8x16_splat(0x20);
-    loop {
-        // The first stop byte at or after `i`, or the end.
-        loop {
-            if i + 16 <= b.len() {
-                // SAFETY: `i + 16 <= b.len()`; v128.load needs no alignment.
-                let v = unsafe { v128_load(b.as_ptr().add(i).cast::<v128>()) };
-                let stop = v128_or(
-                    v128_or(u8x16_eq(v, quote), u8x16_eq(v, backslash)),
-                    u8x16_lt(v, space),
-                );
-                let mask = u8x16_bitmask(stop);
-                if mask != 0 {
-                    i += mask.trailing_zeros() as usize;
-                    break;
-                }
-                i += 16;
-            } else {
-                while i < b.len() && !is_stop(b[i]) {
-                    i += 1;
-                }
-                break;
-            }
-        }
-        match b.get(i) {
-            Some(b'"') => return Ok(i + 1),
-            Some(b'\\') => i = escape_end(b, i + 1)?,
-            _ => return Err(()),
-        }
-    }
+    blocked_string_end!(b, i, |at| {
+        // SAFETY: `at + 16 <= b.len()`; v128.load needs no alignment.
+        let v = unsafe { v128_load(b.as_ptr().add(at).cast::<v128>()) };
+        let stop = v128_or(
+            v128_or(u8x16_eq(v, quote), u8x16_eq(v, backslash)),
+            u8x16_lt(v, space),
+        );
+        u32::from(u8x16_bitmask(stop))
+    })
+}
+
+/// [`simd_string_end`]'s algorithm natively, its 16-lane mask computed lane by lane as
+/// simd128 does (`u8x16_eq` with a quote, with a backslash, unsigned `u8x16_lt` 0x20).
+#[cfg(all(test, not(target_arch = "wasm32")))]
+fn emulated_simd_string_end(b: &[u8], mut i: usize) -> Result<usize, ()> {
+    blocked_string_end!(b, i, |at| {
+        b[at..at + 16]
+            .iter()
+            .enumerate()
+            .filter(|&(_, &c)| c == b'"' || c == b'\\' || c < 0x20)
+            .fold(0u32, |m, (k, _)| m | (1 << k))
+    })
 }
 
 /// The first stop byte at or after `i` (or `b.len()`), stepping over whole 8-byte words
@@ -338,6 +368,7 @@ fn word_run_end(b: &[u8], mut i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const KEEP: [&str; 2] = ["metadata", "model"];
 
@@ -522,6 +553,78 @@ mod tests {
         let full = br#"{"messages":[{"content":"a\"b\\c\u0041"}],"model":"m","x":[1,{"y":null}]}"#;
         for cut in 0..full.len() {
             agree(&full[..cut]);
+        }
+    }
+
+    /// The end of a string by definition, one byte at a time: the reference every scan
+    /// (8-byte words natively, 16-byte SIMD blocks in the component) must agree with.
+    fn scalar_string_end(b: &[u8], mut i: usize) -> Result<usize, ()> {
+        loop {
+            while i < b.len() && !is_stop(b[i]) {
+                i += 1;
+            }
+            match b.get(i) {
+                Some(b'"') => return Ok(i + 1),
+                Some(b'\\') => i = escape_end(b, i + 1)?,
+                _ => return Err(()),
+            }
+        }
+    }
+
+    /// String contents: runs of plain bytes (long enough to fill 8- and 16-byte blocks,
+    /// ASCII and not) each ended by a byte the scanners must stop at or step over (quotes,
+    /// backslashes, escape letters and hex digits, control bytes, high bytes).
+    fn string_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let plain = prop::collection::vec(
+            prop_oneof![4 => b' '..=b'~', 1 => 0x80u8..=0xff]
+                .prop_filter("plain", |c| !is_stop(*c)),
+            0..40,
+        );
+        let special = prop_oneof![
+            Just(b'"'),
+            Just(b'\\'),
+            prop::sample::select(b"u0123456789abcdefABCDEFnrtbf/\"\\".to_vec()),
+            0u8..0x20,
+            Just(0x7f),
+            0x80u8..=0xff,
+        ];
+        prop::collection::vec((plain, special), 0..6).prop_map(|parts| {
+            parts
+                .into_iter()
+                .flat_map(|(mut p, s)| {
+                    p.push(s);
+                    p
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(crate::props::config())]
+
+        /// The native word scan, the SIMD algorithm (its mask lane by lane) and the byte
+        /// by byte definition find the same end, or the same error, from any start.
+        #[test]
+        fn every_string_scan_agrees(b in string_bytes(), start in 0usize..256) {
+            let start = start % (b.len() + 1);
+            let want = scalar_string_end(&b, start);
+            prop_assert_eq!(string_end(&b, start), want);
+            prop_assert_eq!(emulated_simd_string_end(&b, start), want);
+        }
+
+        /// On bodies an agent sends, damaged ones and any bytes, the skim keeps and
+        /// refuses exactly what serde_json does.
+        #[test]
+        fn members_agree_with_serde_json(body in crate::props::body()) {
+            agree(&body);
+        }
+
+        /// A kept member whose value is a string of any bytes (within an object with
+        /// other members around it) reads as serde_json reads it.
+        #[test]
+        fn members_agree_on_any_string_contents(b in string_bytes()) {
+            let body = [br#"{"a":1,"model":""#.as_slice(), &b, br#"","z":[]}"#].concat();
+            agree(&body);
         }
     }
 }

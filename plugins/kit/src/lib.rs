@@ -4,7 +4,7 @@
 //! which the component implements over the `pooler:plugins/sqlite` import and native tests
 //! implement over rusqlite ([`NativeDb`], feature `native`), so the same SQL runs in both.
 //! It logs through [`Log`] ([`log`]) and reports counters and histograms through
-//! [`Metrics`] ([`metrics`]).
+//! [`Metrics`] ([`metrics`]). Time arithmetic on epoch milliseconds saturates ([`time`]).
 //!
 //! With feature `component` (wasm32 builds of a plugin) the kit also holds the guest
 //! adapters every plugin needs over the shared imports: `component::WitDb`,
@@ -16,6 +16,7 @@ pub mod db;
 pub mod format;
 pub mod log;
 pub mod metrics;
+pub mod time;
 
 #[cfg(feature = "component")]
 pub mod component;

@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use pooler_plugin_kit::time::after;
+
 use crate::settings::Settings;
 use crate::types::{
     Availability, Failure, FailureCategory, FailureOrigin, LimitStatus, RateLimitSnapshot,
@@ -198,10 +200,10 @@ pub fn reset_send_at(
     s: &Settings,
     random: &dyn Random,
 ) -> Timestamp {
-    reset
-        .max(now)
-        .saturating_add(s.reset_buffer_ms)
-        .saturating_add(draw(random, s.reset_jitter_ms))
+    after(
+        after(reset.max(now), s.reset_buffer_ms),
+        draw(random, s.reset_jitter_ms),
+    )
 }
 
 /// Backoff send time for the retry after failed attempt `attempt`:
@@ -214,7 +216,7 @@ pub fn backoff_send_at(
 ) -> Timestamp {
     let exponent = attempt.saturating_sub(1).min(32);
     let d = s.backoff_base_ms.saturating_mul(1u64 << exponent);
-    now.saturating_add(d).saturating_add(draw(random, d))
+    after(after(now, d), draw(random, d))
 }
 
 /// Whether a reset (or deadline) lies beyond the chain's maximum wait.

@@ -276,7 +276,7 @@ impl Settings {
     /// T0 + maximum wait: the instant after which nothing is sent automatically.
     pub fn expiry(&self, chain_started_at: u64) -> Option<u64> {
         self.maximum_wait_ms
-            .map(|w| chain_started_at.saturating_add(w))
+            .map(|w| pooler_plugin_kit::time::after(chain_started_at, w))
     }
 }
 

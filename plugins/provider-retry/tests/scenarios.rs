@@ -936,3 +936,29 @@ fn a_failing_candidate_does_not_hold_up_the_others() {
     signal(&w, &[ChangeCause::AccountEnabled]);
     assert!(w.only_row("thr_b").send_at < T + 45 * S);
 }
+
+/// Issue 18, item 9: the pool blocked until the far future (an absurd Retry-After
+/// upstream) with no maximum wait moves the row to the far future: the send time
+/// saturates instead of wrapping into the past (which would dispatch it at once) or
+/// panicking.
+#[test]
+fn a_pool_blocked_until_the_far_future_moves_the_row_there_without_wrapping() {
+    use pooler_plugin_kit::time::FAR_FUTURE_MS;
+    let w = World::new();
+    provider_retry::settings::Settings::set(&w.db, "maximum-wait", "none").unwrap();
+    w.pool.set(blocked(T + 10 * M));
+    let e = w.first_failure("thr_a", "req_1", Some(pool_429()), true);
+    w.engine().turn_failed(&e).unwrap();
+    let row = w.only_row("thr_a");
+    for far in [u64::MAX, FAR_FUTURE_MS] {
+        w.pool.set(blocked(far));
+        signal(&w, &[ChangeCause::LaterResetObserved]);
+        let moved = w.only_row("thr_a");
+        assert_eq!(moved.id, row.id);
+        assert_eq!(moved.send_at, FAR_FUTURE_MS, "far {far}");
+        match w.engine().before_dispatch(&moved).unwrap() {
+            DispatchVerdict::WaitUntil(t) => assert_eq!(t, FAR_FUTURE_MS),
+            other => panic!("{other:?}"),
+        }
+    }
+}

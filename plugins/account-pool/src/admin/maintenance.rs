@@ -63,7 +63,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             }
             if rs
                 .last_usage_at
-                .is_none_or(|t| now >= t + s.usage_refresh_ms)
+                .is_none_or(|t| now >= pooler_plugin_kit::time::after(t, s.usage_refresh_ms))
             {
                 // A failed usage fetch is retried on a later tick; responses keep quota
                 // current. A refused access token gets one refresh first; a refused refresh

@@ -237,7 +237,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 account: pin.account,
                 thread: pin.thread,
                 last_used_at: pin.last_used_at,
-                expires_at: pin.last_used_at + lifetime,
+                expires_at: pooler_plugin_kit::time::after(pin.last_used_at, lifetime),
                 provisional: pin.provisional,
             })
             .collect())
@@ -298,7 +298,9 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             account: pin.as_ref().map(|p| p.account.clone()),
             thread: pin.as_ref().and_then(|p| p.thread.clone()),
             last_used_at: pin.as_ref().map(|p| p.last_used_at),
-            expires_at: pin.as_ref().map(|p| p.last_used_at + lifetime),
+            expires_at: pin
+                .as_ref()
+                .map(|p| pooler_plugin_kit::time::after(p.last_used_at, lifetime)),
             why,
             recent,
             key,

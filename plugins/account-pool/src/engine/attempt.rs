@@ -12,6 +12,7 @@ use crate::policy::{self, AccountState, AttemptOutcome, Classified};
 use crate::quota;
 use crate::settings::Settings;
 use crate::stream::{self, BodyStream};
+use pooler_plugin_kit::time::after;
 use pooler_plugin_kit::{Db, DbError};
 
 /// How much of a failed upstream body is kept as its detail.
@@ -271,7 +272,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         let wait = quota::parse_retry_after(response.headers.get("retry-after"), now);
         // The hold is the upstream's word about the account, not this request's
         // doing: it stays even if the client leaves during the wait.
-        self.store.set_hold(id, now + wait, HoldKind::RateLimit)?;
+        self.store
+            .set_hold(id, after(now, wait), HoldKind::RateLimit)?;
         let Raced::Done(failure) = unless_gone(self.env, upstream_failure(response, now)).await
         else {
             return Ok(Next::Done(Attempt::Cancelled {
@@ -404,7 +406,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     ) -> Result<Next<U::Body>, DbError> {
         if self.store.access_token(id)?.as_deref() == Some(tokens.access_token.as_str()) {
             self.store
-                .set_hold(id, now + ctx.settings.token_hold_ms, HoldKind::Token)?;
+                .set_hold(id, after(now, ctx.settings.token_hold_ms), HoldKind::Token)?;
         }
         let f = PoolError::pool(
             503,
@@ -427,11 +429,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             return Backoff::GiveUp;
         }
         let wait = s.backoff(*retries);
-        if *slept + wait > s.inline_wait_ms {
+        if slept.saturating_add(wait) > s.inline_wait_ms {
             return Backoff::GiveUp;
         }
         *retries += 1;
-        *slept += wait;
+        *slept = slept.saturating_add(wait);
         if wait > 0
             && let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await
         {

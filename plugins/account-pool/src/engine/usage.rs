@@ -104,7 +104,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 continue;
             }
             let last = self.store.refresh_state(&a.id)?.last_usage_at;
-            if last.is_some_and(|t| now < t + EXHAUSTED_RECHECK_MS) {
+            if last.is_some_and(|t| now < pooler_plugin_kit::time::after(t, EXHAUSTED_RECHECK_MS)) {
                 continue;
             }
             if self

@@ -87,7 +87,7 @@ impl<D: Db> Engine<'_, D> {
                             seen,
                         );
                     }
-                    let later = now + s.reevaluation_interval_ms;
+                    let later = pooler_plugin_kit::time::after(now, s.reevaluation_interval_ms);
                     let target = expiry.map_or(later, |e| later.min(e));
                     self.postpone(chain, row.send_at, target, "pool unavailable", now, seen)
                 }

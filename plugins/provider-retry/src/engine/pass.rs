@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use pooler_plugin_kit::Db;
+use pooler_plugin_kit::time::after;
 
 use super::steps::{Outcome, PendingMove};
 use super::{Engine, Freshness, query_of};
@@ -306,7 +307,7 @@ impl<D: Db> Engine<'_, D> {
             (PoolAnswer::Answered(Availability::Ready), current) => {
                 // A row already inside the "ready" window (now + buffer + jitter) stays, so
                 // repeated signals do not shuffle rows that are about to go.
-                let window_end = now + s.reset_buffer_ms + s.reset_jitter_ms;
+                let window_end = after(after(now, s.reset_buffer_ms), s.reset_jitter_ms);
                 let target = reset_send_at(now, now, s, self.random);
                 let reason = ScheduleReason::PoolReady.to_string();
                 if watching {
@@ -339,14 +340,14 @@ impl<D: Db> Engine<'_, D> {
                         return Ok(Outcome::Closed);
                     }
                 } else {
-                    let base = retry_at.max(now) + s.reset_buffer_ms;
+                    let base = after(retry_at.max(now), s.reset_buffer_ms);
                     let target = reset_send_at(retry_at, now, s, self.random);
                     let reason = ScheduleReason::PoolBlocked.to_string();
                     if watching {
                         return self.create_row(chain, target, &reason, trigger, seen, now);
                     }
                     // Earlier or later: only a row outside the window of this reset moves.
-                    if current.is_some_and(|c| c < base || c > base + s.reset_jitter_ms) {
+                    if current.is_some_and(|c| c < base || c > after(base, s.reset_jitter_ms)) {
                         return self.move_row(
                             chain,
                             target,

@@ -9,10 +9,12 @@
 //! | [`storage`] | what a request reads and writes, and what the head screen answers |
 //! | [`cancel`] | a client that goes away mid-request |
 //! | [`admin`] | replacing a credential in place; listing routes and pinned sessions |
+//! | [`faults`] | absurd upstream values, a stalled or lost token refresh, storage failing after a served answer |
 
 mod admin;
 mod cancel;
 mod edges;
+mod faults;
 mod observe;
 mod scenarios;
 mod storage;

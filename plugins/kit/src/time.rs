@@ -1,0 +1,118 @@
+//! Saturating time arithmetic for epoch milliseconds and durations, shared by the plugins.
+//!
+//! Every "now + wait" a plugin computes goes through [`after`], and every number of seconds
+//! an upstream states becomes milliseconds through [`secs_to_ms`], so a hostile or absurd
+//! value (`retry-after: 1e300`, a reset a billion years out) gives a time at the far future
+//! instead of wrapping around to the past (release builds) or panicking (debug builds).
+//!
+//! The far future is capped at [`FAR_FUTURE_MS`], `i64::MAX` milliseconds, the largest time
+//! an SQLite integer holds: a time written to the database reads back unchanged.
+
+/// The latest time a plugin computes: `i64::MAX` ms (about 292 million years from 1970),
+/// the largest value an SQLite integer column stores.
+pub const FAR_FUTURE_MS: u64 = i64::MAX as u64;
+
+/// `now + ms`, saturating at [`FAR_FUTURE_MS`].
+pub fn after(now: u64, ms: u64) -> u64 {
+    now.saturating_add(ms).min(FAR_FUTURE_MS)
+}
+
+/// A non-negative number of seconds as milliseconds, fractions rounded up to the
+/// millisecond, saturating at [`FAR_FUTURE_MS`]. None for a negative, NaN or infinite
+/// number.
+pub fn secs_to_ms(secs: f64) -> Option<u64> {
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    // `as` saturates a float too large for u64; the cap keeps it storable.
+    Some(((secs * 1000.0).ceil() as u64).min(FAR_FUTURE_MS))
+}
+
+/// Seconds written as text (`7`, `0.0015`, `1e3`) as milliseconds, rounded up, saturating
+/// at [`FAR_FUTURE_MS`]. Plain decimals are read digit by digit, exactly: through an `f64`,
+/// `131168.746` s became 131 168 747 ms (the product is 131168746.00000001 before it is
+/// rounded up). Other numbers (exponents) go through [`secs_to_ms`]. None for text that is
+/// not a non-negative number.
+pub fn secs_text_to_ms(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (whole, fraction) = t.split_once('.').unwrap_or((t, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty()
+        || !digits(whole)
+        || !digits(fraction)
+        || (t.contains('.') && fraction.is_empty())
+    {
+        return t.parse::<f64>().ok().and_then(secs_to_ms);
+    }
+    // Leading zeros cannot overflow; more than 20 significant digits is past u64 anyway.
+    let whole = whole.trim_start_matches('0');
+    let secs: u64 = if whole.is_empty() {
+        0
+    } else if whole.len() > 20 {
+        return Some(FAR_FUTURE_MS);
+    } else {
+        whole.parse().ok()?
+    };
+    let mut ms = 0u64;
+    for (k, b) in fraction.bytes().take(3).enumerate() {
+        ms += u64::from(b - b'0') * [100, 10, 1][k];
+    }
+    let rest_nonzero = fraction.bytes().skip(3).any(|b| b != b'0');
+    Some(
+        secs.saturating_mul(1000)
+            .saturating_add(ms)
+            .saturating_add(u64::from(rest_nonzero))
+            .min(FAR_FUTURE_MS),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_saturates_at_the_far_future() {
+        assert_eq!(after(1_000, 500), 1_500);
+        assert_eq!(after(1_000, u64::MAX), FAR_FUTURE_MS);
+        assert_eq!(after(u64::MAX, 1), FAR_FUTURE_MS);
+        assert_eq!(after(FAR_FUTURE_MS, 0), FAR_FUTURE_MS);
+    }
+
+    #[test]
+    fn seconds_become_milliseconds_rounded_up_and_capped() {
+        assert_eq!(secs_to_ms(1.5), Some(1_500));
+        assert_eq!(secs_to_ms(0.0001), Some(1));
+        assert_eq!(secs_to_ms(0.0), Some(0));
+        assert_eq!(secs_to_ms(1e300), Some(FAR_FUTURE_MS));
+        assert_eq!(secs_to_ms(9.3e15), Some(FAR_FUTURE_MS));
+        assert_eq!(secs_to_ms(-1.0), None);
+        assert_eq!(secs_to_ms(f64::NAN), None);
+        assert_eq!(secs_to_ms(f64::INFINITY), None);
+    }
+
+    #[test]
+    fn seconds_as_text_are_read_exactly() {
+        let table = [
+            ("7", Some(7_000)),
+            (" 7 ", Some(7_000)),
+            ("131168.746", Some(131_168_746)),
+            ("0.0015", Some(2)),
+            ("0.001", Some(1)),
+            ("1.5000", Some(1_500)),
+            ("007.25", Some(7_250)),
+            (".5", Some(500)),
+            ("1e3", Some(1_000_000)),
+            ("1e300", Some(FAR_FUTURE_MS)),
+            ("99999999999999999999999999", Some(FAR_FUTURE_MS)),
+            ("18446744073709551615", Some(FAR_FUTURE_MS)),
+            ("-1", None),
+            ("1.", Some(1_000)),
+            ("NaN", None),
+            ("soon", None),
+            ("", None),
+        ];
+        for (text, want) in table {
+            assert_eq!(secs_text_to_ms(text), want, "{text:?}");
+        }
+    }
+}
