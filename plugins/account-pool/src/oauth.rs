@@ -14,8 +14,18 @@ pub const REFRESH_AHEAD_MS: u64 = 5 * 60_000;
 pub const BACKOFF_START_MS: u64 = 1_000;
 /// Longest backoff.
 pub const BACKOFF_MAX_MS: u64 = 60_000;
-/// How long a refresh lease is held before another request may take over.
-pub const LEASE_MS: u64 = 15_000;
+/// How long a token endpoint's answer may take, from sending the refresh to its body's
+/// last piece: a body still arriving after this is abandoned (the refresh fails as
+/// transient). With the endpoint's own deadlines (30 s to the head, 30 s between pieces)
+/// and the host's 10 s connect timeout, a refresh ends within
+/// 10 s + [`REFRESH_BUDGET_MS`] + 30 s = 100 s of taking its lease.
+pub const REFRESH_BUDGET_MS: u64 = 60_000;
+/// How long a refresh lease is held before another request may take over: longer than the
+/// slowest refresh (100 s, see [`REFRESH_BUDGET_MS`]), so a lease only expires under a
+/// refresh that died with its instance. It was 15 s, less than a refresh may take: a
+/// second request then took the lease and spent the same refresh token again (issue 18).
+/// A request that finds the lease taken waits this long at most for the refresh's token.
+pub const LEASE_MS: u64 = 120_000;
 /// Tokens with no stated lifetime are assumed to last this long.
 const DEFAULT_LIFETIME_MS: u64 = 3_600_000;
 

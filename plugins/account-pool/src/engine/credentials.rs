@@ -1,6 +1,7 @@
 //! Credentials: the credential an attempt sends, and OAuth token refreshes (§8), one in
-//! flight per account across every instance (a lease row), with their backoff and the
-//! error and sign-in flags a refused refresh sets.
+//! flight per account across every instance (a lease row, held longer than a refresh can
+//! take), each written only over the tokens it replaced, with their backoff and the error
+//! and sign-in flags a refused refresh sets.
 
 use super::attempt::Attempt;
 use super::{
@@ -13,7 +14,8 @@ use crate::oauth::{self, Need, RefreshResult, RefusedEffect};
 use crate::policy::{AccountState, AttemptOutcome};
 use crate::quota;
 use crate::settings::Settings;
-use crate::stream;
+use crate::stream::BodyStream;
+use pooler_plugin_kit::time::after;
 use pooler_plugin_kit::{Db, DbError};
 
 /// How often a request waiting for another request's token refresh looks again.
@@ -130,11 +132,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             let now = self.env.now();
             if self
                 .store
-                .try_lease(id, &owner, now, now + oauth::LEASE_MS)?
+                .try_lease(id, &owner, now, after(now, oauth::LEASE_MS))?
             {
                 break;
             }
-            if now >= started + oauth::LEASE_MS {
+            if now >= after(started, oauth::LEASE_MS) {
                 return Ok(Refreshed::Transient(
                     "another token refresh is still running".into(),
                 ));
@@ -183,6 +185,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             body: oauth::refresh_request_body(provider, &current.refresh_token).into(),
             deadlines: Deadlines::SERVICE,
         };
+        let sent_at = self.env.now();
         let sent = self.upstream.send(request).await;
         let now = self.env.now();
         let result = match sent {
@@ -192,17 +195,38 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             },
             Ok(mut r) => {
                 let ra = quota::retry_after_ms(r.headers.get("retry-after"), now);
-                let body = stream::read_to_end(&mut r.body, 64 * 1024)
-                    .await
-                    .unwrap_or_default();
-                oauth::parse_refresh_response(r.status, &body, ra, &current, now)
+                match self.read_token_body(&mut r.body, sent_at).await {
+                    Ok(body) => {
+                        let now = self.env.now();
+                        oauth::parse_refresh_response(r.status, &body, ra, &current, now)
+                    }
+                    Err(detail) => RefreshResult::Transient {
+                        retry_after_ms: ra,
+                        detail,
+                    },
+                }
             }
         };
+        let now = self.env.now();
         let rs = self.store.refresh_state(id)?;
         Ok(match result {
             RefreshResult::Refreshed(tokens) => {
-                self.store
-                    .put_credential(id, &Credential::OAuth(tokens.clone()))?;
+                // Written only over the tokens this refresh replaced: if another writer
+                // stored new ones meanwhile (a refresh whose lease outlived its instance, a
+                // person replacing the sign-in), theirs stand and are the ones to use.
+                if !self.store.replace_tokens(id, &current, &tokens)? {
+                    return Ok(match self.store.credential(id)? {
+                        Some(Credential::OAuth(winner)) => {
+                            self.env.log(
+                                Level::Info,
+                                "Account Pooler OAuth refresh lost to another; using its token",
+                                &[("account", id.to_owned())],
+                            );
+                            Refreshed::Tokens(winner)
+                        }
+                        _ => Refreshed::Transient("the account's sign-in was removed".into()),
+                    });
+                }
                 self.store.clear_refresh_failure(id)?;
                 if self.store.clear_error(id)? {
                     self.store
@@ -213,7 +237,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             RefreshResult::Refused(status) => {
                 let backoff = oauth::next_backoff(rs.backoff_ms, None);
                 self.store
-                    .set_refresh_failure(id, "refused", backoff, now + backoff)?;
+                    .set_refresh_failure(id, "refused", backoff, after(now, backoff))?;
                 let valid = current.expires_at.is_none_or(|t| t > now);
                 if oauth::on_refused(valid) == RefusedEffect::KeepServing {
                     self.store.set_needs_sign_in(id, true)?;
@@ -231,10 +255,33 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             } => {
                 let backoff = oauth::next_backoff(rs.backoff_ms, retry_after_ms);
                 self.store
-                    .set_refresh_failure(id, "transient", backoff, now + backoff)?;
+                    .set_refresh_failure(id, "transient", backoff, after(now, backoff))?;
                 Refreshed::Transient(detail)
             }
         })
+    }
+
+    /// A token endpoint's body (at most 64 KiB kept), unless it is still arriving
+    /// [`oauth::REFRESH_BUDGET_MS`] after the refresh was sent: then the refresh fails, so
+    /// that it ends within its lease.
+    async fn read_token_body(&self, body: &mut U::Body, sent_at: u64) -> Result<Vec<u8>, String> {
+        const LIMIT: usize = 64 * 1024;
+        let mut out = Vec::new();
+        while let Some(chunk) = body.next_chunk().await {
+            let Ok(chunk) = chunk else {
+                // A broken body reads as what arrived (then unreadable JSON: transient).
+                break;
+            };
+            let room = LIMIT.saturating_sub(out.len());
+            out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if self.env.now() >= after(sent_at, oauth::REFRESH_BUDGET_MS) {
+                return Err(format!(
+                    "the token endpoint's answer took longer than {} s",
+                    oauth::REFRESH_BUDGET_MS / 1000
+                ));
+            }
+        }
+        Ok(out)
     }
 
     pub(super) fn mark_error(

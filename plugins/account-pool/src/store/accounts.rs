@@ -328,6 +328,31 @@ impl<'a, D: Db> Store<'a, D> {
         Ok(())
     }
 
+    /// Store a refresh's tokens only over the tokens it replaced (compare-and-set on the
+    /// access and refresh token): false, writing nothing, when another writer stored
+    /// other tokens meanwhile.
+    pub fn replace_tokens(
+        &self,
+        id: &str,
+        old: &OAuthTokens,
+        new: &OAuthTokens,
+    ) -> Result<bool, DbError> {
+        Ok(self.db.execute(
+            "UPDATE secrets SET access_token = ?4, refresh_token = ?5, expires_at = ?6,
+                chatgpt_account_id = ?7
+             WHERE account_id = ?1 AND access_token = ?2 AND refresh_token = ?3",
+            &[
+                id.into(),
+                (&old.access_token).into(),
+                (&old.refresh_token).into(),
+                (&new.access_token).into(),
+                (&new.refresh_token).into(),
+                new.expires_at.into(),
+                new.chatgpt_account_id.clone().into(),
+            ],
+        )? > 0)
+    }
+
     /// The current access token of an OAuth account (to guard writes against a token that
     /// was replaced meanwhile).
     pub fn access_token(&self, id: &str) -> Result<Option<String>, DbError> {

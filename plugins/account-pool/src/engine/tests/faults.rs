@@ -22,3 +22,178 @@ fn a_huge_retry_after_holds_the_account_at_the_far_future() {
     assert!(!p.up.seen().contains(&"a".to_owned()), "a stays held");
 }
 
+/// The fake upstream behind a token endpoint that stalls: the `n`-th token call (1 = the
+/// first) takes `stalls[n]` ms of the manual clock, in 1 s steps that let other requests
+/// run meanwhile; `during` runs once, while the first stalled call is under way (another
+/// writer acting then).
+struct Stalling<'a> {
+    inner: &'a Fake,
+    env: &'a Env,
+    stalls: RefCell<VecDeque<u64>>,
+    during: RefCell<Option<Box<dyn FnOnce() + 'a>>>,
+}
+
+impl<'a> Stalling<'a> {
+    fn new(p: &'a Pool, stalls: &[u64]) -> Self {
+        Stalling {
+            inner: &p.up,
+            env: &p.env,
+            stalls: RefCell::new(stalls.iter().copied().collect()),
+            during: RefCell::default(),
+        }
+    }
+}
+
+impl Upstream for Stalling<'_> {
+    type Body = FakeBody;
+    async fn send(
+        &self,
+        req: UpstreamRequest,
+    ) -> Result<UpstreamResponse<FakeBody>, TransportError> {
+        if credential_of(&req) == "token-endpoint" {
+            let stall = self.stalls.borrow_mut().pop_front().unwrap_or(0);
+            let mut left = stall;
+            while left > 0 {
+                let step = left.min(1_000);
+                self.env.advance(step);
+                left -= step;
+                Yield(1).await;
+                if left <= stall / 2
+                    && let Some(f) = self.during.borrow_mut().take()
+                {
+                    f();
+                }
+            }
+        }
+        self.inner.send(req).await
+    }
+}
+
+/// A database file of this test process, removed first.
+fn file_db(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("pool-{name}-{}.sqlite3", std::process::id()));
+    remove_db(&path);
+    path
+}
+
+fn remove_db(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+fn token_reply(access: &str, refresh: &str) -> Reply {
+    Reply::Status(
+        200,
+        vec![("content-type", "application/json".into())],
+        json!({"access_token": access, "refresh_token": refresh, "expires_in": 3600}).to_string(),
+    )
+}
+
+fn stored_tokens(p: &Pool, label: &str) -> OAuthTokens {
+    match p.store().credential(&p.id(label)).unwrap() {
+        Some(Credential::OAuth(t)) => t,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 18, item 5: a token endpoint that takes 40 s (within its deadlines: connect, then
+/// 30 s to the head, 30 s between pieces) keeps its refresh lease to the end. A second
+/// request on another instance waits for it and sends the token it got; it never takes
+/// the lease over and spends the same refresh token a second time.
+#[test]
+fn a_refresh_slower_than_fifteen_seconds_keeps_its_lease() {
+    let path = file_db("stalled-refresh");
+    let p = Pool::on(NativeDb::open(&path).unwrap());
+    p.add_oauth(Provider::Claude, "o", "old", Some(T0 - 1));
+    p.up.push("token-endpoint", token_reply("new-1", "rt-1"));
+    p.up.push("token-endpoint", token_reply("new-2", "rt-2"));
+    let up = Stalling::new(&p, &[40_000]);
+    let second = NativeDb::open(&path).unwrap();
+    let (r1, r2) = block_on(async {
+        futures::join!(
+            async {
+                collect(
+                    Engine::new(&p.db, &up, &p.env)
+                        .handle(p.claude_req(Some("S1"), "claude-sonnet"))
+                        .await,
+                )
+                .await
+            },
+            async {
+                collect(
+                    Engine::new(&second, &up, &p.env)
+                        .handle(p.claude_req(Some("S2"), "claude-sonnet"))
+                        .await,
+                )
+                .await
+            },
+        )
+    });
+    assert!(p.env.now() >= T0 + 40_000, "the refresh took its 40 s");
+    let bodies: Vec<String> =
+        p.up.calls_to("token-endpoint")
+            .iter()
+            .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+            .collect();
+    assert_eq!(bodies.len(), 1, "one refresh, not two: {bodies:?}");
+    assert_eq!(
+        (r1.status, r2.status),
+        (200, 200),
+        "{} / {}",
+        r1.body,
+        r2.body
+    );
+    assert_eq!(p.up.seen(), ["new-1", "new-1"]);
+    let t = stored_tokens(&p, "o");
+    assert_eq!(
+        (t.access_token.as_str(), t.refresh_token.as_str()),
+        ("new-1", "rt-1")
+    );
+    remove_db(&path);
+}
+
+/// Issue 18, item 5: the token write is conditional on the token it replaces. While this
+/// refresh stalls, another writer (another instance's refresh, a person replacing the
+/// sign-in) stores other tokens; the stalled refresh's write then loses, and the request
+/// re-reads and sends the winner's token instead of overwriting it.
+#[test]
+fn a_refresh_whose_write_loses_uses_the_winners_token() {
+    let path = file_db("lost-refresh");
+    let p = Pool::on(NativeDb::open(&path).unwrap());
+    let id = p.add_oauth(Provider::Claude, "o", "old", Some(T0 - 1));
+    p.up.push("token-endpoint", token_reply("mine", "rt-mine"));
+    let second = NativeDb::open(&path).unwrap();
+    let up = Stalling::new(&p, &[20_000]);
+    let winner = OAuthTokens {
+        access_token: "winner".into(),
+        refresh_token: "rt-winner".into(),
+        expires_at: Some(T0 + 3_600_000),
+        chatgpt_account_id: None,
+    };
+    {
+        let (second, id, winner) = (&second, id.clone(), winner.clone());
+        *up.during.borrow_mut() = Some(Box::new(move || {
+            Store::new(second)
+                .put_credential(&id, &Credential::OAuth(winner))
+                .unwrap();
+        }));
+    }
+    let r = block_on(async {
+        collect(
+            Engine::new(&p.db, &up, &p.env)
+                .handle(p.claude_req(Some("S"), "claude-sonnet"))
+                .await,
+        )
+        .await
+    });
+    assert!(up.during.borrow().is_none(), "the other writer ran");
+    assert_eq!(p.up.count("token-endpoint"), 1);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(p.up.seen(), ["winner"], "the winner's token is sent");
+    assert_eq!(stored_tokens(&p, "o"), winner, "the winner's write stands");
+    remove_db(&path);
+}
+
