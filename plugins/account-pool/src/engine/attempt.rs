@@ -201,7 +201,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             Provider::Claude => quota::parse_claude_headers(&response.headers, now),
             Provider::Codex => quota::parse_codex_headers(&response.headers, now),
         };
-        self.observe(ctx.provider, id, &obs, s.switch_threshold, now)?;
+        // What the answer says about the account's quota is bookkeeping: if it cannot be
+        // written, the answer still decides (and may be served).
+        self.bookkeeping(id, "the quota observation of this answer", || {
+            self.observe(ctx.provider, id, &obs, s.switch_threshold, now)
+        });
         let failed = |outcome, failure| Ok(Next::Done(Attempt::Failed { outcome, failure }));
         match policy::classify(response.status, &obs, ctx.family, now) {
             Classified::Served => Ok(Next::Done(Attempt::Respond {

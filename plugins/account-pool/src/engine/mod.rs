@@ -48,6 +48,15 @@ use pooler_plugin_kit::Db;
 /// The log line of a request the pool stopped because its client went away.
 pub const CANCELLED_MESSAGE: &str = "Account Pooler request cancelled: the client went away";
 
+/// The warning of bookkeeping about an upstream answer that could not be written (its
+/// fields: `account`, `lost`, `error`, `tries`); the answer went to the client all the same.
+pub const BOOKKEEPING_LOST_MESSAGE: &str =
+    "Account Pooler could not record an upstream answer; the client got it all the same";
+
+/// How many times bookkeeping about an upstream answer is tried before it is given up
+/// (each try may wait out the database's busy timeout).
+const BOOKKEEPING_TRIES: u32 = 2;
+
 /// What racing a piece of a request's work against its client's leaving came to.
 enum Raced<T> {
     Done(T),
@@ -185,7 +194,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         self
     }
 
-    /// Serve one client request. Storage failures become the pool's own 503. When the
+    /// Serve one client request. Storage failures become the pool's own 503, except those
+    /// of bookkeeping about an upstream answer in hand, which is tried again and then
+    /// given up with a warning ([`BOOKKEEPING_LOST_MESSAGE`]) so the answer reaches the
+    /// client. When the
     /// answer's head is ready the request's one log line and its metrics are written
     /// ([`report`]).
     pub async fn handle(&self, req: IncomingRequest) -> Response<U::Body> {
@@ -213,6 +225,40 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         };
         self.finish(&response, self.env.now().saturating_sub(start));
         response
+    }
+
+    /// Write bookkeeping about an upstream answer already in hand (`write`, one
+    /// transaction), tried [`BOOKKEEPING_TRIES`] times. If every try fails (disk full, a
+    /// busy wait that ran out) the request goes on without it: the answer reaches the
+    /// client, which would otherwise pay for the request again, and one warning names
+    /// what was `lost`. None then.
+    fn bookkeeping<T>(
+        &self,
+        account: &str,
+        lost: &str,
+        mut write: impl FnMut() -> Result<T, pooler_plugin_kit::DbError>,
+    ) -> Option<T> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match write() {
+                Ok(v) => return Some(v),
+                Err(_) if tries < BOOKKEEPING_TRIES => {}
+                Err(e) => {
+                    self.env.log(
+                        Level::Warn,
+                        BOOKKEEPING_LOST_MESSAGE,
+                        &[
+                            ("account", account.to_owned()),
+                            ("lost", lost.to_owned()),
+                            ("error", e.to_string()),
+                            ("tries", tries.to_string()),
+                        ],
+                    );
+                    return None;
+                }
+            }
+        }
     }
 
     /// Write the request's line and metrics for `response`, `total_ms` after it started.

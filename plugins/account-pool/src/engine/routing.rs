@@ -245,29 +245,48 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         match attempt {
             Attempt::Respond { response, served } => {
                 let now = self.env.now();
-                // What this outcome changes is one commit (one WAL write, one lock).
-                self.store.tx(|store| {
-                    store.touch_account(id, state.last_used_at, self.last_try.get())?;
-                    let mut outcome = if served {
-                        AttemptOutcome::Served
-                    } else {
-                        AttemptOutcome::PassedThrough
-                    };
-                    if served {
-                        let detour =
-                            self.commit(ctx, thread, id, p.pin.as_ref(), cursor, &p.outcomes, now)?;
-                        if detour {
-                            outcome = AttemptOutcome::Detour;
+                let noted = self.report.borrow().attempts.len();
+                // What this outcome changes is one commit (one WAL write, one lock). The
+                // answer is in hand: if the commit cannot be written, it is tried again,
+                // then given up with a warning, and the client gets the answer anyway.
+                let lost = if served {
+                    "the attempt record, the session's pin and the cursor move"
+                } else {
+                    "the attempt record and the release of the session's claimed pin"
+                };
+                self.bookkeeping(id, lost, || {
+                    // A try that failed noted the attempt in the report already.
+                    self.report.borrow_mut().attempts.truncate(noted);
+                    self.store.tx(|store| {
+                        store.touch_account(id, state.last_used_at, self.last_try.get())?;
+                        let mut outcome = if served {
+                            AttemptOutcome::Served
+                        } else {
+                            AttemptOutcome::PassedThrough
+                        };
+                        if served {
+                            let detour = self.commit(
+                                ctx,
+                                thread,
+                                id,
+                                p.pin.as_ref(),
+                                cursor,
+                                &p.outcomes,
+                                now,
+                            )?;
+                            if detour {
+                                outcome = AttemptOutcome::Detour;
+                            }
+                        } else if let Some(pin) = p.pin.as_ref().filter(|p| p.claimed) {
+                            store.release_claim(
+                                ctx.provider,
+                                ctx.key.unwrap_or_default(),
+                                pin.generation,
+                            )?;
                         }
-                    } else if let Some(pin) = p.pin.as_ref().filter(|p| p.claimed) {
-                        store.release_claim(
-                            ctx.provider,
-                            ctx.key.unwrap_or_default(),
-                            pin.generation,
-                        )?;
-                    }
-                    self.note_attempt(ctx, now, id, Some(response.status), outcome)
-                })?;
+                        self.note_attempt(ctx, now, id, Some(response.status), outcome)
+                    })
+                });
                 {
                     let mut report = self.report.borrow_mut();
                     let detour = report.attempts.last().is_some_and(|(_, o)| *o == "detour");

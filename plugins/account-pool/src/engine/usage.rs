@@ -59,24 +59,28 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         if obs.is_empty() {
             return Ok(());
         }
-        let Some(mut state) = self.store.account(id)? else {
-            return Ok(());
-        };
-        let before = policy::blocked_until(&state, None, threshold, now);
-        state.quota.merge(obs);
-        self.store.save_quota(id, &state.quota)?;
-        let after = policy::blocked_until(&state, None, threshold, now);
-        let cause = match (before, after) {
-            (Some(_), None) => Some(ChangeCause::EarlierResetObserved),
-            (None, Some(_)) => Some(ChangeCause::LaterResetObserved),
-            (Some(Some(b)), Some(Some(a))) if a < b => Some(ChangeCause::EarlierResetObserved),
-            (Some(Some(b)), Some(Some(a))) if a > b => Some(ChangeCause::LaterResetObserved),
-            _ => None,
-        };
-        if let Some(c) = cause {
-            self.store.push_signal(provider, c, now)?;
-        }
-        Ok(())
+        // One commit: the windows are replaced (deleted, then inserted) together with the
+        // signal they cause, so a failure midway leaves the old ones, never none.
+        self.store.tx(|store| {
+            let Some(mut state) = store.account(id)? else {
+                return Ok(());
+            };
+            let before = policy::blocked_until(&state, None, threshold, now);
+            state.quota.merge(obs);
+            store.save_quota(id, &state.quota)?;
+            let after = policy::blocked_until(&state, None, threshold, now);
+            let cause = match (before, after) {
+                (Some(_), None) => Some(ChangeCause::EarlierResetObserved),
+                (None, Some(_)) => Some(ChangeCause::LaterResetObserved),
+                (Some(Some(b)), Some(Some(a))) if a < b => Some(ChangeCause::EarlierResetObserved),
+                (Some(Some(b)), Some(Some(a))) if a > b => Some(ChangeCause::LaterResetObserved),
+                _ => None,
+            };
+            if let Some(c) = cause {
+                store.push_signal(provider, c, now)?;
+            }
+            Ok(())
+        })
     }
 
     /// When nothing is eligible, re-fetch the usage of exhausted OAuth accounts not

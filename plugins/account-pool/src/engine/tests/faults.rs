@@ -197,3 +197,202 @@ fn a_refresh_whose_write_loses_uses_the_winners_token() {
     remove_db(&path);
 }
 
+/// A database whose writes fail once `broken` is raised (disk full, or a busy wait that
+/// ran out): every INSERT, UPDATE, DELETE and COMMIT fails while `failures` lasts (each
+/// failed statement spends one), reads keep working.
+struct Failing<'a> {
+    db: &'a NativeDb,
+    broken: std::rc::Rc<Cell<bool>>,
+    failures: Cell<u32>,
+    error: DbError,
+    failed: RefCell<Vec<String>>,
+}
+
+impl<'a> Failing<'a> {
+    fn new(db: &'a NativeDb, failures: u32, error: DbError) -> Self {
+        Failing {
+            db,
+            broken: std::rc::Rc::default(),
+            failures: Cell::new(failures),
+            error,
+            failed: RefCell::default(),
+        }
+    }
+    fn fails(&self, sql: &str) -> bool {
+        let head = sql.trim_start().to_ascii_uppercase();
+        let write = ["INSERT", "UPDATE", "DELETE", "COMMIT"]
+            .iter()
+            .any(|w| head.starts_with(w));
+        if !write || !self.broken.get() || self.failures.get() == 0 {
+            return false;
+        }
+        self.failures.set(self.failures.get() - 1);
+        self.failed.borrow_mut().push(
+            head.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        true
+    }
+}
+
+impl Db for Failing<'_> {
+    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        if self.fails(sql) {
+            return Err(self.error.clone());
+        }
+        self.db.execute(sql, params)
+    }
+    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
+        if self.fails(sql) {
+            return Err(self.error.clone());
+        }
+        self.db.execute_batch(sql)
+    }
+    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
+        self.db.query(sql, params)
+    }
+    fn last_insert_rowid(&self) -> i64 {
+        self.db.last_insert_rowid()
+    }
+}
+
+/// The fake upstream, which raises `broken` once an upstream answered 2xx: the storage
+/// fails from the moment the answer is in hand.
+struct BreaksOnSuccess<'a> {
+    inner: &'a Fake,
+    broken: std::rc::Rc<Cell<bool>>,
+}
+
+impl Upstream for BreaksOnSuccess<'_> {
+    type Body = FakeBody;
+    async fn send(
+        &self,
+        req: UpstreamRequest,
+    ) -> Result<UpstreamResponse<FakeBody>, TransportError> {
+        let r = self.inner.send(req).await;
+        if r.as_ref().is_ok_and(|r| (200..300).contains(&r.status)) {
+            self.broken.set(true);
+        }
+        r
+    }
+}
+
+fn served_with_quota() -> Reply {
+    Reply::Status(
+        200,
+        vec![
+            ("content-type", "application/json".into()),
+            ("anthropic-ratelimit-unified-5h-utilization", "0.5".into()),
+            (
+                "anthropic-ratelimit-unified-5h-reset",
+                (T0 / 1000 + 3600).to_string(),
+            ),
+        ],
+        r#"{"ok":"served"}"#.into(),
+    )
+}
+
+fn send_through(p: &Pool, db: &Failing<'_>, session: &str) -> Resp {
+    let up = BreaksOnSuccess {
+        inner: &p.up,
+        broken: db.broken.clone(),
+    };
+    p.env.gone.set(false);
+    block_on(async {
+        collect(
+            Engine::new(db, &up, &p.env)
+                .handle(p.claude_req(Some(session), "claude-sonnet-4-5"))
+                .await,
+        )
+        .await
+    })
+}
+
+/// Issue 18, item 6: the disk is full after the upstream served: the quota observation,
+/// the attempt, the pin and the cursor cannot be written. The client still gets the
+/// served answer (not the pool's 503, which would make the agent pay for the request
+/// again), and one warning names what was lost.
+#[test]
+fn a_served_answer_reaches_the_client_when_its_bookkeeping_cannot_be_written() {
+    let p = Pool::abc();
+    p.up.push("a", served_with_quota());
+    let db = Failing::new(
+        &p.db,
+        u32::MAX,
+        DbError::Io("database or disk is full".into()),
+    );
+    let r = send_through(&p, &db, "S");
+    assert_eq!((r.status, r.body.as_str()), (200, r#"{"ok":"served"}"#));
+    assert!(
+        r.headers.get("x-pooler-origin").is_none(),
+        "the upstream's answer"
+    );
+    assert_eq!(p.up.seen(), ["a"], "served once, not retried elsewhere");
+    assert!(!db.failed.borrow().is_empty(), "the writes did fail");
+    let lines = p.env.lines.borrow();
+    let lost: Vec<_> = lines
+        .iter()
+        .filter(|(m, _)| m == BOOKKEEPING_LOST_MESSAGE)
+        .collect();
+    assert!(!lost.is_empty(), "{:?}", p.env.logs.borrow());
+    let fields: std::collections::BTreeMap<_, _> =
+        lost.iter().flat_map(|(_, f)| f.iter().cloned()).collect();
+    assert!(fields["lost"].contains("attempt"), "{fields:?}");
+    assert!(fields["error"].contains("disk is full"), "{fields:?}");
+    assert_eq!(fields["account"], p.id("a"));
+    assert!(
+        !lines
+            .iter()
+            .any(|(m, _)| m == "Account Pooler storage failed"),
+        "no request failed on storage"
+    );
+    drop(lines);
+    assert_eq!(p.env.request_lines().last().unwrap()["status"], "200");
+    // Nothing half-written: the attempt's transaction was rolled back whole.
+    assert!(
+        p.store()
+            .recent_attempts(Provider::Claude, "session:S")
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Issue 18, item 6: a write that fails once after the upstream served (a busy wait that
+/// ran out) is retried: the attempt and the pin are written by the second try and
+/// nothing is reported lost.
+#[test]
+fn bookkeeping_that_fails_once_after_a_served_answer_is_written_on_retry() {
+    let p = Pool::abc();
+    p.up.push("a", served_with_quota());
+    let db = Failing::new(&p.db, 1, DbError::Busy);
+    let r = send_through(&p, &db, "S");
+    assert_eq!((r.status, r.body.as_str()), (200, r#"{"ok":"served"}"#));
+    assert_eq!(db.failed.borrow().len(), 1, "one write failed");
+    let attempts = p
+        .store()
+        .recent_attempts(Provider::Claude, "session:S")
+        .unwrap();
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.account.clone(), a.outcome.clone()))
+            .collect::<Vec<_>>(),
+        [(p.id("a"), "served".to_owned())]
+    );
+    assert_eq!(p.pinned(Provider::Claude, "S").as_deref(), Some("a"));
+    let a = p.store().account(&p.id("a")).unwrap().unwrap();
+    assert_eq!(
+        a.quota.windows.len(),
+        1,
+        "the quota observation was written too"
+    );
+    assert!(
+        !p.env
+            .lines
+            .borrow()
+            .iter()
+            .any(|(m, _)| m == BOOKKEEPING_LOST_MESSAGE)
+    );
+}
