@@ -54,7 +54,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 && !backing_off
                 && let Some(Credential::OAuth(tokens)) = self.store.credential(&a.id)?
             {
-                let result = self.engine.refresh(a.provider, &a.id, &tokens, &s).await?;
+                // A refresh another request is running does this one's job: the tick
+                // does not wait for it (a later tick looks again).
+                let result = self
+                    .engine
+                    .refresh_within(a.provider, &a.id, &tokens, &s, 0)
+                    .await?;
                 let expired = a.token_expires_at.is_some_and(|t| t <= now);
                 if matches!(result, crate::engine::Refreshed::Refused(_)) && expired {
                     self.refused_refresh_of_expired_token(&a, now)?;

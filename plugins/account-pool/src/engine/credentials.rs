@@ -62,7 +62,9 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         match oauth::need(tokens.expires_at, now) {
             Need::None => Ok(Ok(credential)),
             Need::Proactive if backing_off => Ok(Ok(credential)),
-            Need::Proactive => match self.refresh(provider, id, tokens, s).await? {
+            // The token is still valid: a refresh another request is running does the job,
+            // and this one does not wait for it.
+            Need::Proactive => match self.refresh_within(provider, id, tokens, s, 0).await? {
                 Refreshed::Tokens(t) => Ok(Ok(Credential::OAuth(t))),
                 Refreshed::Refused(_) | Refreshed::Transient(_) => Ok(Ok(credential)),
             },
@@ -117,14 +119,29 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 
     /// Refresh an account's OAuth token, one refresh in flight per account across every
     /// instance (a lease row). A caller that finds another refresh running waits for it
-    /// and uses its token. `old` is the token the caller holds: if the stored one already
-    /// differs, it is used without another refresh.
+    /// (as long as its lease, [`oauth::LEASE_MS`]) and uses its token. `old` is the token
+    /// the caller holds: if the stored one already differs, it is used without another
+    /// refresh.
     pub async fn refresh(
         &self,
         provider: Provider,
         id: &str,
         old: &OAuthTokens,
         s: &Settings,
+    ) -> Result<Refreshed, DbError> {
+        self.refresh_within(provider, id, old, s, oauth::LEASE_MS)
+            .await
+    }
+
+    /// [`Engine::refresh`], waiting at most `patience_ms` for a refresh another request
+    /// holds the lease of (0: not at all; then `Transient`).
+    pub async fn refresh_within(
+        &self,
+        provider: Provider,
+        id: &str,
+        old: &OAuthTokens,
+        s: &Settings,
+        patience_ms: u64,
     ) -> Result<Refreshed, DbError> {
         let owner = new_id(self.env);
         let started = self.env.now();
@@ -136,7 +153,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             {
                 break;
             }
-            if now >= after(started, oauth::LEASE_MS) {
+            if now >= after(started, patience_ms) {
                 return Ok(Refreshed::Transient(
                     "another token refresh is still running".into(),
                 ));

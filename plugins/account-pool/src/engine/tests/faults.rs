@@ -197,6 +197,33 @@ fn a_refresh_whose_write_loses_uses_the_winners_token() {
     remove_db(&path);
 }
 
+/// A token that is still valid but due for a refresh, while another instance holds the
+/// refresh lease: the request does not wait for that refresh (up to the lease, now 120 s)
+/// but sends the token it has at once.
+#[test]
+fn a_proactive_refresh_does_not_wait_for_another_refresh() {
+    let p = Pool::new();
+    let id = p.add_oauth(Provider::Claude, "o", "still-valid", Some(T0 + 120_000));
+    assert!(
+        p.store()
+            .try_lease(&id, "another-instance", T0, T0 + crate::oauth::LEASE_MS)
+            .unwrap()
+    );
+    let r = p.claude(Some("S"));
+    assert_eq!(r.status, 200);
+    assert_eq!(p.up.seen(), ["still-valid"]);
+    assert_eq!(
+        p.up.count("token-endpoint"),
+        0,
+        "the other refresh is not repeated"
+    );
+    assert!(
+        p.env.sleeps.borrow().is_empty(),
+        "no wait: {:?}",
+        p.env.sleeps.borrow()
+    );
+}
+
 /// A database whose writes fail once `broken` is raised (disk full, or a busy wait that
 /// ran out): every INSERT, UPDATE, DELETE and COMMIT fails while `failures` lasts (each
 /// failed statement spends one), reads keep working.
