@@ -587,3 +587,64 @@ async fn a_refused_request_is_answered_without_its_body_being_kept() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(pool.seen(), ["A"]);
 }
+
+/// Issue 18, item 13: the body skimmer's SIMD path runs only in the component, so bodies
+/// whose conversation strings put quotes, escapes, non-ASCII and escaped control bytes at
+/// every offset of a 16-byte block go through the real pool: every well-formed body's
+/// session (stated only in `metadata.user_id`, no header) is read and pinned, and the same
+/// body with a raw control byte inside a string (not JSON) gives no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_components_simd_skim_reads_sessions_at_every_block_offset() {
+    let pool = Pool::claude().await;
+    // A fixed linear congruential sequence: the same bodies on every run.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let pieces = ["\"", "\\", "é", "😀", "\u{1}", "\n", "\u{1f}", "/"];
+    for case in 0..48u64 {
+        let mut content = String::new();
+        for _ in 0..next(6) + 1 {
+            content.extend(std::iter::repeat_n('x', next(40) as usize));
+            content.push_str(pieces[next(pieces.len() as u64) as usize]);
+        }
+        // The padding moves the strings across block boundaries from case to case.
+        let pad = "p".repeat((case % 17) as usize);
+        let session = format!("simd-{case}");
+        let user_id = serde_json::json!({ "device_id": "d1", "session_id": session }).to_string();
+        let body = serde_json::json!({
+            "model": pooler_tests::pool::SONNET,
+            "max_tokens": 16,
+            "messages": [{ "role": "user", "content": content }, { "role": "user", "content": pad }],
+            "metadata": { "user_id": user_id },
+        })
+        .to_string();
+        let answer = pool
+            .send(pool.request("POST", "/v1/messages?beta=true", body.clone()))
+            .await;
+        assert_eq!(answer.status, 200, "case {case}: {}", answer.body);
+        let pinned = pool.explain(&session).await.ok().and_then(|v| v.account);
+        assert_eq!(pinned, Some(pool.id("A")), "case {case}: {body}");
+
+        // The same body with a raw control byte in the conversation string: not JSON.
+        let broken_session = format!("broken-{case}");
+        let at = body.find("\"content\":\"").expect("a content string") + 11;
+        let mut broken = body.replace(&session, &broken_session).into_bytes();
+        broken.insert(at + (case as usize % 8).min(content.len()), 0x01);
+        let _ = pool
+            .send(pool.request("POST", "/v1/messages?beta=true", broken))
+            .await;
+        let pinned = pool
+            .explain(&broken_session)
+            .await
+            .ok()
+            .and_then(|v| v.account);
+        assert_eq!(
+            pinned, None,
+            "case {case}: a body that is not JSON has no session"
+        );
+    }
+}
