@@ -224,6 +224,84 @@ fn a_proactive_refresh_does_not_wait_for_another_refresh() {
     );
 }
 
+/// The fake upstream with a token endpoint whose answer trickles in: each piece of its
+/// body arrives `piece_ms` of the manual clock after the one before.
+struct Trickling<'a> {
+    inner: &'a Fake,
+    env: &'a Env,
+    piece_ms: u64,
+}
+
+struct TrickleBody<'a> {
+    inner: FakeBody,
+    env: &'a Env,
+    piece_ms: u64,
+}
+
+impl BodyStream for TrickleBody<'_> {
+    async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>> {
+        self.env.advance(self.piece_ms);
+        self.inner.next_chunk().await
+    }
+}
+
+impl<'a> Upstream for Trickling<'a> {
+    type Body = TrickleBody<'a>;
+    async fn send(
+        &self,
+        req: UpstreamRequest,
+    ) -> Result<UpstreamResponse<TrickleBody<'a>>, TransportError> {
+        let token = credential_of(&req) == "token-endpoint";
+        let r = self.inner.send(req).await?;
+        Ok(UpstreamResponse {
+            status: r.status,
+            headers: r.headers,
+            body: TrickleBody {
+                inner: r.body,
+                env: self.env,
+                piece_ms: if token { self.piece_ms } else { 0 },
+            },
+        })
+    }
+}
+
+/// Issue 18, item 5: a token endpoint whose answer trickles in (each piece within the
+/// 30 s between pieces, 75 s in all) is abandoned once 60 s have passed since the refresh
+/// was sent, so a refresh ends within its lease: it fails as transient, the expired
+/// token's request gets the pool's 503, the lease is released and the late token is never
+/// stored or sent.
+#[test]
+fn a_token_answer_still_arriving_after_sixty_seconds_is_abandoned() {
+    let p = Pool::new();
+    let id = p.add_oauth(Provider::Claude, "o", "old", Some(T0 - 1));
+    let body =
+        json!({"access_token": "late", "refresh_token": "rt-late", "expires_in": 3600}).to_string();
+    let (first, second) = body.split_at(body.len() / 2);
+    let pieces: Vec<&'static str> = [first, second, " "]
+        .into_iter()
+        .map(|s| &*Box::leak(s.to_owned().into_boxed_str()))
+        .collect();
+    p.up.push("token-endpoint", Reply::Sse(pieces, false));
+    let up = Trickling {
+        inner: &p.up,
+        env: &p.env,
+        piece_ms: 25_000,
+    };
+    let status = block_on(async {
+        Engine::new(&p.db, &up, &p.env)
+            .handle(p.claude_req(Some("S"), "claude-sonnet"))
+            .await
+            .status
+    });
+    assert_eq!(status, 503);
+    assert_eq!(p.up.count("token-endpoint"), 1);
+    assert!(p.up.seen().is_empty(), "the late token is never sent");
+    assert_eq!(stored_tokens(&p, "o").access_token, "old");
+    let rs = p.store().refresh_state(&id).unwrap();
+    assert_eq!(rs.lease_owner, None, "the lease is released");
+    assert_eq!(rs.failure.as_deref(), Some("transient"));
+}
+
 /// A database whose writes fail once `broken` is raised (disk full, or a busy wait that
 /// ran out): every INSERT, UPDATE, DELETE and COMMIT fails while `failures` lasts (each
 /// failed statement spends one), reads keep working.
