@@ -312,7 +312,7 @@ async fn thousands_of_signals_in_one_call_are_one_delivery_and_a_bounded_number_
         host.setting(Role::ProviderRetry, "provider")
             .await
             .as_deref(),
-        Some("Codex")
+        Some("Provider::Codex")
     );
 }
 
