@@ -201,9 +201,12 @@ pub const DEFAULT_POOL_HOSTS: [&str; 4] = [
 pub struct PluginConfig {
     #[serde(default = "default_component")]
     pub component: ComponentSource,
-    /// Hosts the plugin may send HTTP requests to (`host` or `host:port`). Default: the
-    /// real provider endpoints for the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for
-    /// other roles. Hosts of URL settings a person sets through the admin API are added.
+    /// Where the plugin may send HTTP requests: `host` (https on 443; a loopback host on any
+    /// port, http or https), `host:port` (https; http too on loopback) or
+    /// `https://host[:port]` / `http://host[:port]` (plain http only to loopback); see
+    /// [`crate::imports::http_out::parse_entry`]. Default: the real provider endpoints for
+    /// the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for other roles. The origins of
+    /// URL settings a person sets through the admin API are added.
     #[serde(default)]
     pub allowed_hosts: Option<Vec<String>>,
     /// The longest a call into the plugin may run (CPU time for HTTP requests, which may
@@ -318,8 +321,8 @@ impl Config {
                 bail!("plugins.{name}.error-body-timeout-ms must be positive");
             }
             for host in plugin.allowed_hosts.iter().flatten() {
-                if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
-                    bail!("plugins.{name}.allowed-hosts: `{host}` is not a host or host:port");
+                if let Err(e) = crate::imports::http_out::parse_entry(host) {
+                    bail!("plugins.{name}.allowed-hosts: {e}");
                 }
             }
         }

@@ -424,16 +424,23 @@ impl Host {
         }
     }
 
-    /// A person set one of `role`'s settings to `value`: if it is an http(s) URL, allow the
-    /// plugin to reach its host and port from now on (kept across restarts).
-    pub fn grant_url(&self, role: Role, value: &str) -> anyhow::Result<bool> {
+    /// A person set `role`'s setting `key` to `value`: if it is an http(s) URL, the plugin
+    /// may reach its scheme, host and port from now on (kept across restarts), instead of
+    /// whatever the setting's earlier value granted; any other value revokes the setting's
+    /// grant. Answers what the setting grants now.
+    pub fn set_grant(
+        &self,
+        role: Role,
+        key: &str,
+        value: &str,
+    ) -> anyhow::Result<Option<crate::imports::http_out::Origin>> {
         let meta = match role {
             Role::AccountPool => self.shared.pool.as_ref().map(|p| &p.meta),
             Role::ProviderRetry => self.shared.retry.as_ref().map(|p| &p.meta),
         };
         match meta {
-            Some(meta) => meta.allow.grant_url(value),
-            None => Ok(false),
+            Some(meta) => meta.allow.set_grant(key, value),
+            None => Ok(None),
         }
     }
 

@@ -36,6 +36,7 @@ async fn status(admin: &Admin, thread: Option<String>) -> Result<Reply, ApiError
             "`thread` must name a thread (or be left out for every thread)",
         ));
     }
+    let thread_asked = thread.clone();
     let candidates = admin
         .retry("retry-admin.status", move |store, retry| {
             Box::pin(async move {
@@ -47,6 +48,7 @@ async fn status(admin: &Admin, thread: Option<String>) -> Result<Reply, ApiError
         })
         .await?
         .map_err(refused)?;
+    let candidates = checked_candidates(admin, thread_asked.as_deref(), candidates);
     let candidates: Vec<CandidateView> = candidates.into_iter().map(candidate_view).collect();
     Reply::ok(serde_json::json!({ "candidates": candidates }))
 }
@@ -64,6 +66,11 @@ async fn explain(admin: &Admin, thread: &str) -> Result<Reply, ApiError> {
         })
         .await?
         .map_err(refused)?;
+    let (chains, foreign): (Vec<ChainHistory>, Vec<ChainHistory>) =
+        chains.into_iter().partition(|c| c.thread == thread);
+    if !foreign.is_empty() {
+        warn_foreign("retry-admin.explain", thread, foreign.len());
+    }
     let chains: Vec<ChainView> = chains.into_iter().map(chain_view).collect();
     Reply::ok(serde_json::json!({ "thread": thread, "chains": chains }))
 }
@@ -82,7 +89,69 @@ async fn cancel(admin: &Admin, thread: &str) -> Result<Reply, ApiError> {
         })
         .await?
         .map_err(refused)?;
-    Reply::ok(serde_json::json!({ "cancelled": candidate_view(cancelled) }))
+    if cancelled.thread != thread {
+        warn_foreign("retry-admin.cancel", thread, 1);
+        return Err(ApiError::internal(
+            "plugin-answer",
+            format!(
+                "the retry plugin answered the cancel of thread {thread} with a candidate of thread {}; \
+                 `pooler retry status --thread {thread}` shows what is pending",
+                cancelled.thread
+            ),
+        ));
+    }
+    let cancelled = checked_candidates(admin, Some(thread), vec![cancelled]);
+    Reply::ok(serde_json::json!({ "cancelled": cancelled.into_iter().next().map(candidate_view) }))
+}
+
+/// A plugin's answer named threads other than the one asked about: dropped, with a warning
+/// naming the plugin and the rule.
+fn warn_foreign(call: &str, thread: &str, count: usize) {
+    tracing::warn!(
+        plugin = crate::roles::Role::ProviderRetry.name(),
+        call,
+        thread,
+        count,
+        rule = "an answer about a thread names only that thread",
+        "retry plugin answered about other threads; left out"
+    );
+}
+
+/// The candidates as the host shows them: when one thread was asked about, only that
+/// thread's; and a row id only when it is not a live row of another thread in the core
+/// (a plugin cannot make `pooler retry status` point a person at another chain's row).
+fn checked_candidates(admin: &Admin, asked: Option<&str>, candidates: Vec<Candidate>) -> Vec<Candidate> {
+    let (mut kept, foreign): (Vec<Candidate>, Vec<Candidate>) = candidates
+        .into_iter()
+        .partition(|c| asked.is_none_or(|t| c.thread == t));
+    if let Some(thread) = asked
+        && !foreign.is_empty()
+    {
+        warn_foreign("retry-admin.status", thread, foreign.len());
+    }
+    let Some(core) = admin.core() else { return kept };
+    if kept.iter().all(|c| c.row.is_none()) {
+        return kept;
+    }
+    let Ok(rows) = core.core().list_rows(None) else { return kept };
+    let owner: std::collections::HashMap<u64, &str> =
+        rows.iter().map(|r| (r.id, r.thread.as_str())).collect();
+    for c in &mut kept {
+        if let Some(row) = c.row
+            && owner.get(&row).is_some_and(|t| *t != c.thread)
+        {
+            tracing::warn!(
+                plugin = crate::roles::Role::ProviderRetry.name(),
+                thread = %c.thread,
+                row,
+                rule = "a candidate's row is a row of its own thread",
+                "retry plugin named another thread's row; row left out"
+            );
+            c.row = None;
+            c.send_at = None;
+        }
+    }
+    kept
 }
 
 /// What the plugin's `admin-error` means for a person, with its HTTP status.

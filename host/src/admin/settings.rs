@@ -14,6 +14,7 @@
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::pool::exports::pooler::plugins::settings as pool_settings;
 use crate::bindings::retry::exports::pooler::plugins::settings as retry_settings;
+use crate::imports::http_out::{AllowList, Origin};
 use crate::roles::Role;
 use crate::wire::SettingView;
 
@@ -180,16 +181,34 @@ async fn get(admin: &Admin, role: Role, key: String) -> Result<SettingView, ApiE
 }
 
 async fn set(admin: &Admin, role: Role, key: String, value: String) -> Result<SettingView, ApiError> {
-    let stored = store(admin, role, key, value).await?;
-    // A URL a person configured is a host the plugin may now reach (the allow-list's
-    // second source); the stored value is the plugin's canonical form of it.
-    admin.host().grant_url(role, &stored.value).map_err(|e| {
+    // Plain http:// would carry credentials in clear past this machine: refused before the
+    // plugin stores anything.
+    AllowList::check_value(&value).map_err(|e| {
+        ApiError::bad_request("invalid-value", format!("`{}{key}` cannot be set: {e}", prefix(role)))
+    })?;
+    let stored = store(admin, role, key.clone(), value.clone()).await?;
+    // A URL a person configured is an origin the plugin may now reach (the allow-list's
+    // second source). The grant comes from the value the person gave, never from what the
+    // plugin answered it stored: a plugin cannot widen its own reach by answering another
+    // URL. The setting's earlier grant is revoked.
+    let granted = admin.host().set_grant(role, &key, &value).map_err(|e| {
         tracing::error!(error = %e, "cannot keep the allowed host of a URL setting");
         ApiError::internal(
             "grant-failed",
             format!("the setting was stored, but its host could not be allowed: {e}"),
         )
     })?;
+    if let Some(origin) = &granted
+        && Origin::of_url(&stored.value).is_some_and(|answered| answered != *origin)
+    {
+        tracing::warn!(
+            plugin = role.name(),
+            key = %stored.key,
+            granted = %origin,
+            rule = "a setting grants the origin the person gave",
+            "the plugin answered a URL of another origin than the one set; only the one set is allowed"
+        );
+    }
     Ok(stored)
 }
 

@@ -216,7 +216,8 @@ fn clock(ms: u64, now: u64, offset_s: i32) -> String {
     if day == local(now).0 {
         hm
     } else {
-        let date = super::format::iso(u64::try_from(day * 86_400_000).unwrap_or(0));
+        // Saturating: a plugin's time may be any u64 (a day count past i64 / 86 400 000).
+        let date = super::format::iso(u64::try_from(day.saturating_mul(86_400_000)).unwrap_or(0));
         format!("{} {hm}", &date[..10])
     }
 }
@@ -665,5 +666,24 @@ Threads
         assert_eq!(bar(0.0), format!("[{}]", "-".repeat(20)));
         assert_eq!(bar(1.7), format!("[{}]", "#".repeat(20)));
         assert_eq!(bar(0.5), format!("[{}{}]", "#".repeat(10), "-".repeat(10)));
+    }
+
+    mod properties {
+        //! The times a plugin answers (a hold, a reset, a row's send time) may be any
+        //! `u64`: rendering them never panics.
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn any_time_renders(ms in any::<u64>(), now in any::<u64>(), offset_s in -50_400i32..=50_400) {
+                let text = when(ms, now, offset_s);
+                prop_assert!(!text.is_empty());
+                prop_assert!(!crate::cli::explain::date_time(ms).is_empty());
+                prop_assert!(!crate::cli::format::when(ms, now).is_empty());
+            }
+        }
     }
 }

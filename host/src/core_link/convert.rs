@@ -185,6 +185,36 @@ pub(crate) fn turn_succeeded(e: pc::TurnSucceededEvent) -> events::TurnSucceeded
     }
 }
 
+/// The latest send time the host accepts from a plugin: 9999-12-31T23:59:59.999Z. Later
+/// times (a plugin's `now + wait` saturated to `u64::MAX`, say) are moved to it: the core
+/// stores times as SQLite's signed 64-bit integers, and every reader (the CLI, the status
+/// page) can still show it as a date.
+pub const MAX_SEND_AT: wit::Timestamp = 253_402_300_799_999;
+
+/// How far in the past a plugin's send time may be before moving it to now is worth a
+/// warning (a slightly late time is ordinary: "as soon as the gates allow").
+pub const FAR_PAST_MS: u64 = 24 * 3_600_000;
+
+/// A send time a plugin gave, made one the core can keep: a time more than
+/// [`FAR_PAST_MS`] in the past becomes `now` (the contract's "as soon as the gates allow";
+/// a nearer past time is kept as given, and means the same), a time past [`MAX_SEND_AT`]
+/// becomes it. The second value names the rule when the time was changed.
+pub fn bound_send_at(
+    send_at: wit::Timestamp,
+    now: wit::Timestamp,
+) -> (wit::Timestamp, Option<&'static str>) {
+    if send_at > MAX_SEND_AT {
+        return (
+            MAX_SEND_AT,
+            Some("send-at after year 9999 is moved to 9999-12-31"),
+        );
+    }
+    if now.saturating_sub(send_at) > FAR_PAST_MS {
+        return (now, Some("send-at far in the past is moved to now"));
+    }
+    (send_at, None)
+}
+
 /// The `threads` import answered from the core's database. A change to the queue wakes the
 /// due loop, so a row scheduled or moved earlier is seen without waiting for the old
 /// deadline.
@@ -211,6 +241,30 @@ impl CoreThreads {
             Err(e) => tracing::debug!(plugin = caller, call, error = %e, "threads call refused"),
         }
         result.map_err(threads_error)
+    }
+
+    /// `send_at` as the core will keep it ([`bound_send_at`]), with a warning naming the
+    /// plugin and the rule when it was absurd.
+    fn bounded(
+        &self,
+        caller: &str,
+        call: &str,
+        row: Option<wit::RowId>,
+        send_at: wit::Timestamp,
+    ) -> wit::Timestamp {
+        let (bounded, rule) = bound_send_at(send_at, self.core.clock().now_ms());
+        if let Some(rule) = rule {
+            tracing::warn!(
+                plugin = caller,
+                call,
+                row,
+                asked = send_at,
+                kept = bounded,
+                rule,
+                "plugin's send time bounded"
+            );
+        }
+        bounded
     }
 
     /// Like [`Self::answer`] for a call that leaves a row at a send time: the due loop is
@@ -242,6 +296,7 @@ impl ThreadsService for CoreThreads {
         send_at: wit::Timestamp,
         reason: &str,
     ) -> Result<wit::QueuedRow, ThreadsError> {
+        let send_at = self.bounded(caller, "schedule-retry", None, send_at);
         let result = self
             .core
             .schedule_retry(thread, failed_request, send_at, reason)
@@ -256,6 +311,7 @@ impl ThreadsService for CoreThreads {
         send_at: wit::Timestamp,
         reason: &str,
     ) -> Result<wit::QueuedRow, ThreadsError> {
+        let send_at = self.bounded(caller, "reschedule", Some(id), send_at);
         let result = self.core.reschedule(id, send_at, reason).map(row);
         self.answer_row(caller, "reschedule", result)
     }
@@ -299,7 +355,7 @@ impl ThreadsService for CoreThreads {
             .iter()
             .map(|m| pc::RowMove {
                 row: m.row,
-                send_at: m.send_at,
+                send_at: self.bounded(caller, "reschedule-many", Some(m.row), m.send_at),
                 reason: m.reason.clone(),
             })
             .collect();

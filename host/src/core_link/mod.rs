@@ -77,7 +77,7 @@ use pooler_core::{
 };
 use tokio::sync::watch;
 
-pub use convert::CoreThreads;
+pub use convert::{CoreThreads, FAR_PAST_MS, MAX_SEND_AT, bound_send_at};
 pub use options::{AgentOptions, CoreOptions};
 
 use crate::imports::threads::ThreadsService;

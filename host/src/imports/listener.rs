@@ -32,10 +32,14 @@ pub fn coalesce(pending: &mut Vec<AvailabilityChange>, change: AvailabilityChang
         }
         None => {
             let mut change = change;
-            let mut seen = Vec::with_capacity(change.causes.len());
+            // `seen` holds each cause once: however long the list a plugin sends, the work
+            // per element is bounded by the number of distinct causes.
+            let mut seen = Vec::new();
             change.causes.retain(|c| {
                 let first = !seen.contains(c);
-                seen.push(*c);
+                if first {
+                    seen.push(*c);
+                }
                 first
             });
             pending.push(change);
@@ -44,11 +48,17 @@ pub fn coalesce(pending: &mut Vec<AvailabilityChange>, change: AvailabilityChang
     }
 }
 
+/// How many signals of one call are logged one by one; the rest are still coalesced (so
+/// none is lost: each provider's change is delivered once per call whatever the count), with
+/// one warning instead of a line each.
+pub const MAX_SIGNALS_LOGGED: u32 = 16;
+
 /// Per-instance state: the changes signalled so far by this call.
 pub struct ListenerCtx {
     plugin: Arc<str>,
     pending: Vec<AvailabilityChange>,
     sink: Arc<dyn ChangeSink>,
+    signals: u32,
 }
 
 impl ListenerCtx {
@@ -57,6 +67,7 @@ impl ListenerCtx {
             plugin,
             pending: Vec::new(),
             sink,
+            signals: 0,
         }
     }
 }
@@ -88,7 +99,17 @@ impl Host for &mut ListenerCtx {
         &mut self,
         change: AvailabilityChange,
     ) -> wasmtime::Result<Result<(), PluginError>> {
-        tracing::info!(plugin = &*self.plugin, provider = ?change.provider, causes = ?change.causes, "availability change signalled");
+        self.signals = self.signals.saturating_add(1);
+        if self.signals <= MAX_SIGNALS_LOGGED {
+            tracing::info!(plugin = &*self.plugin, provider = ?change.provider, causes = ?change.causes, detected_at = change.detected_at, "availability change signalled");
+        } else if self.signals == MAX_SIGNALS_LOGGED + 1 {
+            tracing::warn!(
+                plugin = &*self.plugin,
+                limit = MAX_SIGNALS_LOGGED,
+                rule = "at most 16 availability signals of one call are logged",
+                "many availability signals in one call: the rest are coalesced without a line each"
+            );
+        }
         coalesce(&mut self.pending, change);
         Ok(Ok(()))
     }
@@ -106,6 +127,25 @@ mod tests {
             earliest: Availability::Ready,
             detected_at: at,
         }
+    }
+
+    /// A million copies of one cause: kept once, and in linear time (each element is
+    /// compared with the distinct causes seen, not with every earlier element).
+    #[test]
+    fn a_huge_list_of_causes_coalesces_in_linear_time() {
+        use ChangeCause::*;
+        let mut causes = vec![AccountAdded; 1_000_000];
+        causes.push(HoldEnded);
+        let started = std::time::Instant::now();
+        let mut pending = Vec::new();
+        coalesce(&mut pending, change(Provider::Claude, &causes, 1));
+        coalesce(&mut pending, change(Provider::Claude, &causes, 2));
+        assert_eq!(pending[0].causes, vec![AccountAdded, HoldEnded]);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
@@ -128,5 +168,90 @@ mod tests {
         assert_eq!(pending[0].causes, vec![AccountAdded, HoldEnded]);
         assert_eq!(pending[0].detected_at, 5);
         assert_eq!(pending[1].causes, vec![ErrorSet]);
+    }
+
+    mod properties {
+        use super::super::*;
+        use crate::bindings::types::{
+            Availability, BlockCause, Blocked, ChangeCause, Provider, UnavailableReason,
+        };
+        use proptest::prelude::*;
+
+        const CAUSES: [ChangeCause; 13] = [
+            ChangeCause::AccountAdded,
+            ChangeCause::AccountEnabled,
+            ChangeCause::AccountDisabled,
+            ChangeCause::AccountRemoved,
+            ChangeCause::ErrorCleared,
+            ChangeCause::ErrorSet,
+            ChangeCause::HoldEnded,
+            ChangeCause::ConfigChanged,
+            ChangeCause::RoutingChanged,
+            ChangeCause::PriorityChanged,
+            ChangeCause::EarlierResetObserved,
+            ChangeCause::LaterResetObserved,
+            ChangeCause::ResetPassed,
+        ];
+
+        fn availability() -> impl Strategy<Value = Availability> {
+            prop_oneof![
+                Just(Availability::NotRouted),
+                Just(Availability::Ready),
+                any::<u64>().prop_map(|retry_at| Availability::Blocked(Blocked {
+                    retry_at,
+                    cause: BlockCause::Held
+                })),
+                Just(Availability::Unavailable(
+                    UnavailableReason::SourceUnavailable
+                )),
+            ]
+        }
+
+        fn change() -> impl Strategy<Value = AvailabilityChange> {
+            (
+                any::<bool>(),
+                proptest::collection::vec(0..CAUSES.len(), 0..40),
+                availability(),
+                any::<u64>(),
+            )
+                .prop_map(|(claude, causes, earliest, detected_at)| {
+                    AvailabilityChange {
+                        provider: if claude {
+                            Provider::Claude
+                        } else {
+                            Provider::Codex
+                        },
+                        causes: causes.into_iter().map(|i| CAUSES[i]).collect(),
+                        earliest,
+                        detected_at,
+                    }
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any sequence of signals a plugin may send in one call: at most one pending
+            /// change per provider, each cause once, none of the causes sent lost, the
+            /// earliest detection time kept.
+            #[test]
+            fn any_signals_coalesce_per_provider_without_loss(changes in proptest::collection::vec(change(), 0..64)) {
+                let mut pending = Vec::new();
+                for c in changes.clone() {
+                    coalesce(&mut pending, c);
+                }
+                prop_assert!(pending.len() <= 2);
+                for p in &pending {
+                    let sent: Vec<&AvailabilityChange> = changes.iter().filter(|c| c.provider == p.provider).collect();
+                    for c in &sent {
+                        for cause in &c.causes {
+                            prop_assert!(p.causes.contains(cause));
+                        }
+                    }
+                    prop_assert_eq!(p.causes.iter().filter(|c| p.causes.iter().filter(|d| d == c).count() > 1).count(), 0);
+                    prop_assert_eq!(p.detected_at, sent.iter().map(|c| c.detected_at).min().unwrap());
+                }
+            }
+        }
     }
 }

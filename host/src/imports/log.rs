@@ -12,14 +12,34 @@ use crate::bindings::pool::pooler::plugins::log::{self, Host, Level};
 /// Longest line kept (message and fields together); the rest is cut.
 pub const MAX_LINE_BYTES: usize = 8 * 1024;
 
-/// Per-instance state: who is logging.
+/// Per-instance state: who is logging, and whether a cut line was reported yet.
 pub struct LogCtx {
     plugin: Arc<str>,
+    cut_reported: bool,
 }
 
 impl LogCtx {
     pub fn new(plugin: Arc<str>) -> Self {
-        LogCtx { plugin }
+        LogCtx {
+            plugin,
+            cut_reported: false,
+        }
+    }
+
+    /// A line of `bytes` (message and fields) past [`MAX_LINE_BYTES`] was cut: say so once
+    /// per instance, naming the plugin and the rule (a plugin that logs megabytes in a loop
+    /// gets one warning per call, not one per line).
+    fn report_cut(&mut self, bytes: usize) {
+        if !self.cut_reported {
+            self.cut_reported = true;
+            tracing::warn!(
+                plugin = &*self.plugin,
+                bytes,
+                limit = MAX_LINE_BYTES,
+                rule = "a plugin's log line is at most 8 KiB",
+                "plugin log line cut (said once per call)"
+            );
+        }
     }
 }
 
@@ -66,6 +86,14 @@ impl Host for &mut LogCtx {
         message: String,
         fields: Vec<(String, String)>,
     ) -> wasmtime::Result<()> {
+        let bytes = message.len()
+            + fields
+                .iter()
+                .map(|(name, value)| name.len() + value.len() + 2)
+                .sum::<usize>();
+        if bytes > MAX_LINE_BYTES {
+            self.report_cut(bytes);
+        }
         let mut message = message;
         truncate(&mut message, MAX_LINE_BYTES);
         let mut fields_text = fields
@@ -125,5 +153,56 @@ mod tests {
         let mut short = "ok".to_string();
         truncate(&mut short, 5);
         assert_eq!(short, "ok");
+    }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn level() -> impl Strategy<Value = Level> {
+            prop_oneof![
+                Just(Level::Trace),
+                Just(Level::Debug),
+                Just(Level::Info),
+                Just(Level::Warn),
+                Just(Level::Error),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any text cut at any length: no panic, valid UTF-8, a prefix of the text, at
+            /// most `max` bytes plus the ellipsis.
+            #[test]
+            fn any_text_is_cut_on_a_boundary(text in any::<String>(), max in 0usize..64) {
+                let mut cut = text.clone();
+                truncate(&mut cut, max);
+                if text.len() <= max {
+                    prop_assert_eq!(&cut, &text);
+                } else {
+                    let kept = cut.strip_suffix('…').unwrap();
+                    prop_assert!(kept.len() <= max);
+                    prop_assert!(text.starts_with(kept));
+                }
+            }
+
+            /// Any line a plugin may log (any level, message and fields, some far past the
+            /// limit): the import answers `Ok` and never panics.
+            #[test]
+            fn any_log_call_is_taken(
+                level in level(),
+                message in prop_oneof![any::<String>(), "[a-z]{1,8}".prop_map(|s| s.repeat(2_000))],
+                fields in proptest::collection::vec((any::<String>(), any::<String>()), 0..16),
+            ) {
+                let mut ctx = LogCtx::new(Arc::from("p"));
+                let mut host = &mut ctx;
+                if let Some(json) = fields_json(&fields, usize::MAX) {
+                    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+                    prop_assert!(value.is_object());
+                }
+                prop_assert!(host.log(level, message, fields).is_ok());
+            }
+        }
     }
 }

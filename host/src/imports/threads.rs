@@ -101,15 +101,57 @@ impl ThreadsService for NoCore {
     }
 }
 
-/// Per-instance state: the caller and the service.
+/// Per-instance state: the caller, the service, and the refusals already reported.
 pub struct ThreadsCtx {
     plugin: Arc<str>,
     service: Arc<dyn ThreadsService>,
+    reported: Vec<(&'static str, &'static str)>,
+}
+
+/// The rule a refused call broke, for the refusals that are the plugin's doing (an id the
+/// core does not know, an invalid argument); `None` for the ordinary races of a live queue
+/// (the turn is no longer the failed one, the chain is already queued, the thread was
+/// archived) and for storage failures, which the core logs.
+pub fn broken_rule(e: &ThreadsError) -> Option<&'static str> {
+    match e {
+        ThreadsError::NoSuchThread(_) => Some("a thread id must name one of the core's threads"),
+        ThreadsError::NoSuchRow(_) => Some("a row id must name a live row of the retry queue"),
+        ThreadsError::InvalidArgument(_) => Some("threads arguments within the contract's bounds"),
+        ThreadsError::NoFailedTurn
+        | ThreadsError::AlreadyQueued(_)
+        | ThreadsError::Archived
+        | ThreadsError::Storage(_) => None,
+    }
 }
 
 impl ThreadsCtx {
     pub fn new(plugin: Arc<str>, service: Arc<dyn ThreadsService>) -> Self {
-        ThreadsCtx { plugin, service }
+        ThreadsCtx {
+            plugin,
+            service,
+            reported: Vec::new(),
+        }
+    }
+
+    /// Warn about a refusal that is the plugin's doing, once per call name and rule in this
+    /// instance (a plugin looping over unknown ids gets one line, not thousands).
+    fn report<T>(&mut self, call: &'static str, result: &Result<T, ThreadsError>) {
+        let Err(e) = result else { return };
+        let Some(rule) = broken_rule(e) else { return };
+        if self.reported.contains(&(call, rule)) {
+            return;
+        }
+        self.reported.push((call, rule));
+        tracing::warn!(plugin = &*self.plugin, call, rule, error = ?e, "threads call refused (said once per call and rule)");
+    }
+
+    fn answer<T>(
+        &mut self,
+        call: &'static str,
+        result: Result<T, ThreadsError>,
+    ) -> Result<T, ThreadsError> {
+        self.report(call, &result);
+        result
     }
 }
 
@@ -128,7 +170,8 @@ pub fn add_to_linker<T: Send + 'static>(
 
 impl Host for &mut ThreadsCtx {
     fn get_thread(&mut self, thread: String) -> wasmtime::Result<Result<ThreadInfo, ThreadsError>> {
-        Ok(self.service.get_thread(&self.plugin, &thread))
+        let result = self.service.get_thread(&self.plugin, &thread);
+        Ok(self.answer("get-thread", result))
     }
 
     fn schedule_retry(
@@ -138,9 +181,10 @@ impl Host for &mut ThreadsCtx {
         send_at: Timestamp,
         reason: String,
     ) -> wasmtime::Result<Result<QueuedRow, ThreadsError>> {
-        Ok(self
-            .service
-            .schedule_retry(&self.plugin, &thread, &failed_request, send_at, &reason))
+        let result =
+            self.service
+                .schedule_retry(&self.plugin, &thread, &failed_request, send_at, &reason);
+        Ok(self.answer("schedule-retry", result))
     }
 
     fn reschedule(
@@ -149,31 +193,40 @@ impl Host for &mut ThreadsCtx {
         send_at: Timestamp,
         reason: String,
     ) -> wasmtime::Result<Result<QueuedRow, ThreadsError>> {
-        Ok(self.service.reschedule(&self.plugin, row, send_at, &reason))
+        let result = self.service.reschedule(&self.plugin, row, send_at, &reason);
+        Ok(self.answer("reschedule", result))
     }
 
     fn cancel(&mut self, row: RowId, reason: String) -> wasmtime::Result<Result<(), ThreadsError>> {
-        Ok(self.service.cancel(&self.plugin, row, &reason))
+        let result = self.service.cancel(&self.plugin, row, &reason);
+        Ok(self.answer("cancel", result))
     }
 
     fn list_rows(
         &mut self,
         thread: Option<String>,
     ) -> wasmtime::Result<Result<Vec<QueuedRow>, ThreadsError>> {
-        Ok(self.service.list_rows(&self.plugin, thread.as_deref()))
+        let result = self.service.list_rows(&self.plugin, thread.as_deref());
+        Ok(self.answer("list-rows", result))
     }
 
     fn get_threads(
         &mut self,
         threads: Vec<String>,
     ) -> wasmtime::Result<Vec<Result<ThreadInfo, ThreadsError>>> {
-        Ok(self.service.get_threads(&self.plugin, &threads))
+        let answers = self.service.get_threads(&self.plugin, &threads);
+        answers.iter().for_each(|a| self.report("get-threads", a));
+        Ok(answers)
     }
 
     fn reschedule_many(
         &mut self,
         moves: Vec<RowMove>,
     ) -> wasmtime::Result<Vec<Result<QueuedRow, ThreadsError>>> {
-        Ok(self.service.reschedule_many(&self.plugin, &moves))
+        let answers = self.service.reschedule_many(&self.plugin, &moves);
+        answers
+            .iter()
+            .for_each(|a| self.report("reschedule-many", a));
+        Ok(answers)
     }
 }
