@@ -324,6 +324,73 @@ mod tests {
         assert!(!short.take_tick(tick));
     }
 
+    /// A measurement, run on demand (`cargo test -p pooler-host --lib bounds -- --ignored
+    /// --nocapture`): what the progress handler and the limits cost a statement, on two
+    /// connections to one file, one bare and one bounded (under a deadline, so the handler
+    /// reads the clock). Prints the figures; fails only if the bounded one is far slower.
+    #[test]
+    #[ignore = "a measurement: prints the per-statement cost of the bounds"]
+    fn the_bounds_cost_a_statement_little() {
+        use pooler_core::sqlite_file::{self, Busy, ExistingFile, Settings};
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.sqlite3");
+        let settings = Settings {
+            flags: rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+                | rusqlite::OpenFlags::SQLITE_OPEN_CREATE,
+            busy: Busy::Timeout(Duration::from_secs(5)),
+            existing: ExistingFile::SetMode,
+            wal_autocheckpoint: None,
+        };
+        let bare = sqlite_file::open(&path, &settings).unwrap();
+        bare.execute_batch(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, x INTEGER, s TEXT);
+             WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c LIMIT 10000)
+             INSERT INTO t SELECT i, i * 7, 'row ' || i FROM c;",
+        )
+        .unwrap();
+        let mut bounded = sqlite_file::open(&path, &settings).unwrap();
+        bound(&mut bounded).unwrap();
+        let far = Bounds {
+            cpu_until: Some(Instant::now() + Duration::from_secs(3600)),
+            wall_until: Some(Instant::now() + Duration::from_secs(3600)),
+            deadline: Duration::from_secs(3600),
+            max_bytes: DEFAULT_MAX_BYTES,
+        };
+        let lookups = |c: &rusqlite::Connection| {
+            let start = Instant::now();
+            for i in 0..20_000i64 {
+                let mut stmt = c.prepare_cached("SELECT s FROM t WHERE id = ?").unwrap();
+                let _: String = stmt.query_row([i % 10_000 + 1], |r| r.get(0)).unwrap();
+            }
+            start.elapsed() / 20_000
+        };
+        let scans = |c: &rusqlite::Connection| {
+            let start = Instant::now();
+            for _ in 0..50 {
+                let mut stmt = c
+                    .prepare_cached("SELECT sum(x) FROM t WHERE s LIKE 'row 1%'")
+                    .unwrap();
+                let _: i64 = stmt.query_row([], |r| r.get(0)).unwrap();
+            }
+            start.elapsed() / 50
+        };
+        let mut best = [Duration::MAX; 4];
+        for _ in 0..5 {
+            best[0] = best[0].min(lookups(&bare));
+            best[1] = best[1].min(within(far, || Ok(lookups(&bounded))).0.unwrap());
+            best[2] = best[2].min(scans(&bare));
+            best[3] = best[3].min(within(far, || Ok(scans(&bounded))).0.unwrap());
+        }
+        println!(
+            "point lookup: bare {:?}, bounded {:?}; 10,000-row scan: bare {:?}, bounded {:?}",
+            best[0], best[1], best[2], best[3]
+        );
+        assert!(
+            best[1] < best[0] * 3 / 2 && best[3] < best[2] * 3 / 2,
+            "{best:?}"
+        );
+    }
+
     #[test]
     fn a_result_is_refused_past_its_rows_or_bytes() {
         let mut size = ResultSize::new(100);
