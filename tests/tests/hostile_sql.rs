@@ -123,6 +123,7 @@ async fn hostile_sql_in_the_pool_is_bounded_or_refused_and_the_host_carries_on()
     assert!(refusal_logged(&logs, "account-pool", "PRAGMA hard_heap_limit").await);
     // SAFETY: a negative argument only reads the process-wide limits.
     assert_eq!(unsafe { rusqlite::ffi::sqlite3_hard_heap_limit64(-1) }, 0);
+    // SAFETY: a negative argument only reads the process-wide limit.
     assert_eq!(unsafe { rusqlite::ffi::sqlite3_soft_heap_limit64(-1) }, 0);
 
     // The plugin, its database and the other plugin are fine.

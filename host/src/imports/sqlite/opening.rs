@@ -389,6 +389,7 @@ mod tests {
         // The process-wide limits are untouched (SQLite's defaults: none).
         // SAFETY: a negative argument only reads the limit.
         assert_eq!(unsafe { rusqlite::ffi::sqlite3_soft_heap_limit64(-1) }, 0);
+        // SAFETY: a negative argument only reads the process-wide limit.
         assert_eq!(unsafe { rusqlite::ffi::sqlite3_hard_heap_limit64(-1) }, 0);
         // What the plugins use, and harmless reads.
         conn.execute_batch("PRAGMA user_version = 3").unwrap();
