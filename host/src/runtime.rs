@@ -446,7 +446,8 @@ impl Host {
 
     /// A fresh store for one call or request of `meta`'s plugin, with its memory cap and a
     /// CPU budget of `meta.deadline`: the epoch callback runs once per tick while the guest
-    /// executes (not while it waits on I/O), so counting callbacks counts CPU time; on each
+    /// executes (not while it waits on I/O), so counting callbacks counts CPU time, and the
+    /// guest's SQL statements spend the same budget (`imports/sqlite/bounds.rs`); on each
     /// one the guest also yields to the runtime, so a busy guest cannot hog a worker
     /// (except inside a database transaction, where yielding would keep a lock held).
     pub(crate) fn new_store(&self, meta: &Arc<PluginMeta>) -> Store<PluginState> {
@@ -455,13 +456,13 @@ impl Host {
             PluginState::new(meta.clone(), &self.shared.services),
         );
         store.limiter(|state| &mut state.limits);
-        let mut ticks_left = (meta.deadline.as_millis() / EPOCH_TICK.as_millis()).max(1);
+        // The budget (whole ticks of `meta.deadline`) is the store's, in its sqlite state:
+        // the guest's statements spend it too (`imports/sqlite/bounds.rs`).
         store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |ctx| {
-            if ticks_left == 0 {
+        store.epoch_deadline_callback(move |mut ctx| {
+            if !ctx.data_mut().sqlite.budget_mut().take_tick(EPOCH_TICK) {
                 return Err(wasmtime::Error::new(DeadlineExceeded));
             }
-            ticks_left -= 1;
             // A guest inside a database transaction may hold the write lock: parked behind
             // other tasks it would keep every other instance of its plugin waiting.
             if ctx.data().sqlite.in_transaction() {
@@ -540,6 +541,13 @@ impl Host {
                 ));
             }
         };
+        // The call's statements end by the same wall-clock deadline as the call: the
+        // timeout below cannot fire while one runs on this worker.
+        store
+            .data_mut()
+            .sqlite
+            .budget_mut()
+            .set_wall_deadline(std::time::Instant::now() + meta.deadline);
         let outcome = tokio::time::timeout(meta.deadline, f(&mut store, &instance)).await;
         drop(instance);
         // Dropping the store hands the changes the call signalled to the delivery queue:

@@ -19,7 +19,7 @@ use crate::imports::incoming_client::IncomingClientCtx;
 use crate::imports::listener::{ChangeSink, ListenerCtx};
 use crate::imports::log::LogCtx;
 use crate::imports::metrics::MetricsCtx;
-use crate::imports::sqlite::{ConnectionCache, SqliteCtx};
+use crate::imports::sqlite::{Budget, ConnectionCache, SqliteCtx};
 use crate::imports::threads::{ThreadsCtx, ThreadsService};
 use crate::roles::Role;
 
@@ -106,7 +106,13 @@ impl PluginState {
                 services.client.clone(),
                 meta.error_body_timeout,
             ),
-            sqlite: SqliteCtx::new(meta.dir.clone(), services.databases.clone()),
+            sqlite: SqliteCtx::new(
+                id.clone(),
+                meta.dir.clone(),
+                services.databases.clone(),
+                Budget::new(meta.deadline, crate::engine::EPOCH_TICK),
+                meta.memory_bytes,
+            ),
             log: LogCtx::new(id.clone()),
             metrics: MetricsCtx::new(id.clone(), services.metrics.clone()),
             listener: ListenerCtx::new(id.clone(), services.changes.clone()),

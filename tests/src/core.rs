@@ -80,6 +80,8 @@ enum RetryRole {
 /// How to build a [`CoreHost`].
 pub struct CoreSetup {
     retry: RetryRole,
+    /// The `[plugins.provider-retry]` lines (e.g. `deadline-ms = 300`).
+    retry_settings: String,
     core: String,
     agents: String,
     account: bool,
@@ -96,6 +98,7 @@ impl CoreSetup {
     pub fn new() -> Self {
         CoreSetup {
             retry: RetryRole::Fixture,
+            retry_settings: String::new(),
             core: String::new(),
             agents: String::new(),
             account: true,
@@ -133,6 +136,13 @@ impl CoreSetup {
         self
     }
 
+    /// A line of the `[plugins.provider-retry]` table (e.g. `deadline-ms = 300`).
+    pub fn retry_settings(mut self, line: &str) -> Self {
+        self.retry_settings.push_str(line);
+        self.retry_settings.push('\n');
+        self
+    }
+
     /// A line of the `[core]` table (e.g. `concurrency-limit = 1`).
     pub fn core(mut self, line: &str) -> Self {
         self.core.push_str(line);
@@ -143,11 +153,12 @@ impl CoreSetup {
     fn config(&self) -> Config {
         let pool = "allowed-hosts = [\"127.0.0.1\"]";
         let setup = Setup::new().embedded(Role::AccountPool, pool);
+        let retry = self.retry_settings.as_str();
         let setup = match self.retry {
-            RetryRole::Fixture => setup.role(Role::ProviderRetry, RETRY, ""),
-            RetryRole::Embedded => setup.embedded(Role::ProviderRetry, ""),
-            RetryRole::Alternative => setup.role(Role::ProviderRetry, ALT_RETRY, ""),
-            RetryRole::File(path) => setup.role(Role::ProviderRetry, path, ""),
+            RetryRole::Fixture => setup.role(Role::ProviderRetry, RETRY, retry),
+            RetryRole::Embedded => setup.embedded(Role::ProviderRetry, retry),
+            RetryRole::Alternative => setup.role(Role::ProviderRetry, ALT_RETRY, retry),
+            RetryRole::File(path) => setup.role(Role::ProviderRetry, path, retry),
         };
         let setup = setup.config(&format!("[core]\n{}\n[agents]\n{}", self.core, self.agents));
         Config::parse(&setup.toml()).expect("a valid test configuration")

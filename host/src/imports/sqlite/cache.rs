@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::connection::{Connection, map_error};
 use super::lock_wait::{Commits, signal_commits, wait_for_lock};
-use super::opening::{check_name, open};
+use super::opening::{as_host, check_name, open};
 use crate::bindings::pool::pooler::plugins::sqlite::Error;
 
 /// Idle connections kept per database file; more than this in use at once are closed when
@@ -239,7 +239,7 @@ impl ConnectionCache {
             let Some(mut conn) = slot.take_coldest() else {
                 continue;
             };
-            let done = match mode {
+            let done = as_host(|| match mode {
                 CheckpointMode::Passive => {
                     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0))
                 }
@@ -261,7 +261,7 @@ impl ConnectionCache {
                         Ok(busy)
                     })
                 }
-            };
+            });
             match done {
                 // Not busy: done. Busy (a writer or reader did not finish in time): the
                 // next tick tries again.
@@ -360,10 +360,10 @@ mod tests {
         assert!(first.holds_connection());
         assert_eq!(cache.idle_count(&path), 0);
         drop(first);
-        assert_eq!(cache.idle_count(&path), 1);
-        // The same host connection comes back, with the left-open transaction rolled back.
+        // It was closed, not handed on with its temporary table (issue 18, item 3).
+        assert_eq!(cache.idle_count(&path), 0);
         let again = cache.open(tmp.path(), "db").unwrap();
-        assert!(again.query("SELECT * FROM temp.marker", vec![]).is_ok());
+        assert!(again.query("SELECT * FROM temp.marker", vec![]).is_err());
         assert!(!again.in_transaction());
         let rows = again.query("SELECT count(*) FROM t", vec![]).unwrap();
         assert!(matches!(rows.rows[0][0], Value::Integer(0)));
@@ -388,6 +388,73 @@ mod tests {
         // Another name is another file, with connections of its own.
         let other = cache.open(tmp.path(), "other").unwrap();
         assert!(other.query("SELECT count(*) FROM t", vec![]).is_err());
+    }
+
+    #[test]
+    fn an_instance_borrowing_a_connection_sees_defaults_not_what_the_last_one_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let path = tmp.path().join("db.sqlite3");
+        let setup = cache.open(tmp.path(), "db").unwrap();
+        setup
+            .execute_batch(
+                "CREATE TABLE p (id INTEGER PRIMARY KEY); CREATE TABLE c (p REFERENCES p(id))",
+            )
+            .unwrap();
+        drop(setup);
+        // Instance A changes all it can of its connection's state, and leaves a transaction
+        // open; its pragmas may be refused (they are), the rest is not.
+        let a = cache.open(tmp.path(), "db").unwrap();
+        for sql in [
+            "PRAGMA foreign_keys = OFF",
+            "PRAGMA synchronous = OFF",
+            "PRAGMA locking_mode = EXCLUSIVE",
+            "PRAGMA cache_size = 7",
+            "PRAGMA recursive_triggers = ON",
+        ] {
+            let _ = a.execute_batch(sql);
+        }
+        a.execute_batch(
+            "CREATE TEMP TABLE scratch (x); CREATE TEMP VIEW v AS SELECT 1; \
+             BEGIN IMMEDIATE; INSERT INTO p VALUES (99);",
+        )
+        .unwrap();
+        drop(a);
+        // Instance B, on the same file: the defaults, whichever host connection it gets.
+        let b = cache.open(tmp.path(), "db").unwrap();
+        assert!(
+            b.query("SELECT * FROM temp.scratch", vec![]).is_err(),
+            "temp table"
+        );
+        assert!(
+            b.query("SELECT * FROM temp.v", vec![]).is_err(),
+            "temp view"
+        );
+        assert!(!b.in_transaction());
+        let rows = b.query("SELECT count(*) FROM p", vec![]).unwrap();
+        assert!(matches!(rows.rows[0][0], Value::Integer(0)), "rolled back");
+        let read = |sql: &str| {
+            b.with_raw(|c| {
+                c.query_row(sql, [], |r| r.get::<_, rusqlite::types::Value>(0))
+                    .unwrap()
+            })
+        };
+        use rusqlite::types::Value as V;
+        assert_eq!(read("PRAGMA foreign_keys"), V::Integer(1));
+        assert_eq!(read("PRAGMA synchronous"), V::Integer(1), "NORMAL");
+        assert_eq!(read("PRAGMA locking_mode"), V::Text("normal".into()));
+        assert_eq!(read("PRAGMA cache_size"), V::Integer(-2000));
+        assert_eq!(read("PRAGMA recursive_triggers"), V::Integer(0));
+        assert!(
+            matches!(
+                b.execute("INSERT INTO c VALUES (99)", vec![]),
+                Err(Error::Constraint(_))
+            ),
+            "foreign keys enforced"
+        );
+        // A connection that only ran statements goes back and is reused.
+        drop(b);
+        assert_eq!(cache.idle_count(&path), 1);
     }
 
     #[test]

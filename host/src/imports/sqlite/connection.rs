@@ -9,9 +9,10 @@ use std::sync::Arc;
 use rusqlite::ErrorCode;
 use rusqlite::types::{Value as SqlValue, ValueRef};
 
+use super::bounds::{self, ResultSize};
 use super::cache::FileSlot;
-use super::lock_wait::with_commits;
-use super::opening::{STATE_CHANGED, open};
+use super::lock_wait::{close, with_commits};
+use super::opening::{STATE_CHANGED, open, take_refusal};
 use crate::bindings::pool::pooler::plugins::sqlite::{Error, Rows, Value};
 
 /// An open connection: the host side of the WIT `connection` resource. It runs each
@@ -37,17 +38,25 @@ struct Held {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let Some(conn) = self.state.get_mut().conn.take() else {
+        let held = self.state.get_mut();
+        let Some(conn) = held.conn.take() else {
             return;
         };
+        // A connection whose own state a statement changed (a temporary table, view,
+        // index or trigger) is closed rather than handed to another instance, which would
+        // see that state (issue 18, item 3). Closing drops it all.
+        if held.keep {
+            return close(conn);
+        }
         // A transaction the plugin left open (it trapped, ran out of time, or forgot to
         // commit) is rolled back now, so the next user starts clean and no lock is held.
         if !conn.is_autocommit() && conn.execute_batch("ROLLBACK").is_err() {
             // Cannot tell what state it is in: close it rather than hand it on.
-            return;
+            return close(conn);
         }
-        if let Some(slot) = &self.slot {
-            slot.put(conn);
+        match &self.slot {
+            Some(slot) => slot.put(conn),
+            None => close(conn),
         }
     }
 }
@@ -148,7 +157,11 @@ impl Connection {
             (None, None) => unreachable!("a connection of its own always holds it"),
         };
         STATE_CHANGED.set(false);
-        let result = with_commits(self.slot.as_ref().map(|s| &s.commits), || f(&conn));
+        take_refusal();
+        let mut result = with_commits(self.slot.as_ref().map(|s| &s.commits), || f(&conn));
+        if let (Err(_), Some(why)) = (&result, take_refusal()) {
+            result = Err(Error::InvalidStatement(format!("not authorized: {why}")));
+        }
         held.keep |= STATE_CHANGED.replace(false);
         held.last_rowid = conn.last_insert_rowid();
         match &self.slot {
@@ -198,7 +211,8 @@ impl Connection {
     /// Run `f` on the host connection the next statement would use (tests).
     #[cfg(test)]
     pub(super) fn with_raw<R>(&self, f: impl FnOnce(&rusqlite::Connection) -> R) -> R {
-        self.run(|conn| Ok(f(conn))).unwrap()
+        self.run(|conn| Ok(super::opening::as_host(|| f(conn))))
+            .unwrap()
     }
 }
 
@@ -244,12 +258,15 @@ fn query_on(conn: &rusqlite::Connection, sql: &str, params: Vec<Value>) -> Resul
         .query(rusqlite::params_from_iter(params.into_iter().map(to_sql)))
         .map_err(map_error)
         .and_then(|mut rows| {
+            // Counted as they come: a result past the caps is refused after that much.
+            let mut size = ResultSize::new(bounds::max_bytes());
             let mut out = Vec::new();
             while let Some(row) = rows.next().map_err(map_error)? {
                 let mut cells = Vec::with_capacity(width);
                 for i in 0..width {
                     cells.push(from_sql(row.get_ref(i).map_err(map_error)?));
                 }
+                size.add(&cells)?;
                 out.push(cells);
             }
             Ok(out)
@@ -287,6 +304,91 @@ mod tests {
             conn.execute("SELECT ?", vec![]),
             Err(Error::InvalidStatement(_))
         ));
+    }
+
+    #[test]
+    fn a_result_past_its_rows_or_bytes_is_refused_while_it_is_collected() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conn = Connection::open_uncached(tmp.path(), "db").unwrap();
+        let count = |n: usize| {
+            format!(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT {n}) \
+                 SELECT x FROM c"
+            )
+        };
+        assert_eq!(
+            conn.query(&count(bounds::MAX_ROWS), vec![])
+                .unwrap()
+                .rows
+                .len(),
+            bounds::MAX_ROWS
+        );
+        let err = conn
+            .query(&count(bounds::MAX_ROWS + 1), vec![])
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidStatement(m) if m.contains("result too large: more than 250000 rows")),
+            "{err:?}"
+        );
+        // 1 MiB a row, endless: refused once the cap (64 MiB here) is passed.
+        let huge = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
+                    SELECT x, zeroblob(1048576) FROM c";
+        let err = conn.query(huge, vec![]).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidStatement(m) if m.contains("more than 67108864 bytes")),
+            "{err:?}"
+        );
+        // The cap is the caller's (the instance's memory cap).
+        let within = |max_bytes| {
+            let bounds = bounds::Bounds {
+                max_bytes,
+                ..bounds::Bounds::UNBOUNDED
+            };
+            bounds::within(bounds, || conn.query(&count(100), vec![])).0
+        };
+        assert!(within(100 * bounds::CELL_BYTES).is_ok());
+        assert!(within(100 * bounds::CELL_BYTES - 1).is_err());
+    }
+
+    #[test]
+    fn sqlite_limits_bound_what_a_statement_may_be() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conn = Connection::open_uncached(tmp.path(), "db").unwrap();
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        let refused = |sql: &str, why: &str| match conn.execute_batch(sql) {
+            Err(Error::InvalidStatement(m)) => assert!(m.contains(why), "{m}"),
+            other => panic!("{} allowed: {other:?}", &sql[..sql.len().min(60)]),
+        };
+        refused("SELECT zeroblob(16777217)", "too big");
+        refused(
+            &format!("SELECT '{}'", "x".repeat(1 << 20)),
+            "statement too long",
+        );
+        refused(
+            &format!("SELECT {}", vec!["1"; 202].join(" + ")),
+            "Expression tree is too large",
+        );
+        refused(
+            &vec!["SELECT 1"; 65].join(" UNION ALL "),
+            "too many terms in compound SELECT",
+        );
+        refused(
+            &format!("SELECT coalesce({})", vec!["1"; 65].join(",")),
+            "too many arguments",
+        );
+        refused("SELECT ?10001", "variable number must be between");
+        refused(
+            &format!("SELECT 'a' LIKE '{}'", "%".repeat(1001)),
+            "pattern too complex",
+        );
+        let columns: Vec<String> = (0..501).map(|i| format!("c{i}")).collect();
+        refused(
+            &format!("CREATE TABLE wide ({})", columns.join(", ")),
+            "too many columns",
+        );
+        // What the real plugins run is well inside them.
+        conn.execute_batch(&format!("SELECT '{}'", "x".repeat(100_000)))
+            .unwrap();
     }
 
     #[test]
@@ -373,11 +475,12 @@ mod tests {
         let c = cache.open(tmp.path(), "db").unwrap();
         c.execute(temp, vec![]).unwrap();
         assert!(c.holds_connection());
-        // A pragma given a value too; one only read does not.
+        // No allowed pragma changes the connection, read or set; a temporary view does.
         let d = cache.open(tmp.path(), "db").unwrap();
         d.query("PRAGMA user_version", vec![]).unwrap();
+        d.execute_batch("PRAGMA user_version = 2").unwrap();
         assert!(!d.holds_connection());
-        d.execute_batch("PRAGMA cache_size = 100").unwrap();
+        d.execute_batch("CREATE TEMP VIEW v AS SELECT 1").unwrap();
         assert!(d.holds_connection());
     }
 }

@@ -75,6 +75,19 @@ pub(super) fn signal_commits(
     Ok(())
 }
 
+/// Close `conn`, a connection [`signal_commits`] hooked: roll back what it has open and
+/// remove the hooks first. rusqlite frees the hooks' closures before `sqlite3_close`, and
+/// SQLite's rollback of a transaction left open while closing would call the freed one.
+pub(super) fn close(mut conn: rusqlite::Connection) {
+    if !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    let _ = conn.rollback_hook(None::<fn()>);
+    let _ = conn
+        .wal_hook(None::<fn(&mut rusqlite::hooks::Wal, std::ffi::c_int) -> rusqlite::Result<()>>);
+    drop(conn);
+}
+
 thread_local! {
     /// The commits of the database the statement running on this thread uses, and the
     /// count when it started: what [`wait_for_lock`] waits on.
@@ -114,12 +127,15 @@ pub(super) fn wait_for_lock(attempt: i32) -> bool {
         }
         None => std::thread::sleep(delay),
     };
+    let start = std::time::Instant::now();
     match tokio::runtime::Handle::try_current() {
         Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(sleep)
         }
         _ => sleep(),
     }
+    // Waiting is not the statement's CPU time: its deadline moves on by as much.
+    super::bounds::waited(start.elapsed());
     true
 }
 

@@ -27,6 +27,7 @@
 //! | `connection.rs` | the guest's `connection`: statements on borrowed host connections |
 //! | `opening.rs`    | opening a database: names, the private file, settings, the authorizer |
 
+mod bounds;
 mod cache;
 mod connection;
 mod lock_wait;
@@ -41,6 +42,7 @@ use crate::bindings::pool::pooler::plugins::sqlite::{
     self, Error, Host, HostConnection, Rows, Value,
 };
 
+pub use bounds::{Budget, CELL_BYTES, DEFAULT_MAX_BYTES, LIMITS, MAX_ROWS, PROGRESS_OPS};
 pub use cache::{CHECKPOINT_INTERVAL, ConnectionCache, MAX_IDLE_PER_DATABASE};
 pub use connection::{Connection, map_error};
 pub use lock_wait::{BUSY_TIMEOUT, Commits};
@@ -49,24 +51,50 @@ pub use opening::{MAX_NAME_CHARS, check_name, open};
 /// Open connections one instance may hold.
 pub const MAX_CONNECTIONS: usize = 8;
 
+/// How the `invalid-statement` texts of the host's own refusals start (the deadline, the
+/// result caps, the authorizer): these are logged.
+pub const REFUSALS: [&str; 3] = ["interrupted:", "result too large:", "not authorized:"];
+
 /// Per-instance state of the import.
 pub struct SqliteCtx {
+    /// The plugin's id, for log lines.
+    plugin: Arc<str>,
     /// The plugin's own directory (`DATA_DIR/plugins/<plugin-id>`).
     dir: PathBuf,
     cache: Arc<ConnectionCache>,
     open: usize,
     /// Connections of this instance inside a transaction.
     transactions: usize,
+    /// The store's time budget, which its statements spend too (`bounds.rs`).
+    budget: Budget,
+    /// Result bytes one query may collect: the instance's memory cap.
+    max_result_bytes: usize,
 }
 
 impl SqliteCtx {
-    pub fn new(dir: PathBuf, cache: Arc<ConnectionCache>) -> Self {
+    /// The import's state for one store whose calls have `budget` and whose memory cap is
+    /// `memory_bytes` (the cap of one query's result too).
+    pub fn new(
+        plugin: Arc<str>,
+        dir: PathBuf,
+        cache: Arc<ConnectionCache>,
+        budget: Budget,
+        memory_bytes: usize,
+    ) -> Self {
         SqliteCtx {
+            plugin,
             dir,
             cache,
             open: 0,
             transactions: 0,
+            budget,
+            max_result_bytes: memory_bytes,
         }
+    }
+
+    /// The store's time budget: the epoch callback spends it too.
+    pub fn budget_mut(&mut self) -> &mut Budget {
+        &mut self.budget
     }
 
     /// Whether the instance has a transaction open (and so may hold a database lock other
@@ -75,10 +103,22 @@ impl SqliteCtx {
         self.transactions > 0
     }
 
-    /// Run `f` on `conn` and keep count of whether it left a transaction open.
-    fn tracked<R>(&mut self, conn: &Connection, f: impl FnOnce(&Connection) -> R) -> R {
+    /// Run `f` (one statement or batch) on `conn` within the store's budget and result cap,
+    /// and keep count of whether it left a transaction open.
+    fn tracked<R>(
+        &mut self,
+        conn: &Connection,
+        f: impl FnOnce(&Connection) -> Result<R, Error>,
+    ) -> Result<R, Error> {
         let before = conn.in_transaction();
-        let result = f(conn);
+        let result = self.budget.run(self.max_result_bytes, || f(conn));
+        if let Err(Error::InvalidStatement(reason)) = &result
+            && REFUSALS.iter().any(|p| reason.starts_with(p))
+        {
+            // The host's bounds, not a plugin's mistake: logged (the reason, never the SQL,
+            // which may hold a secret).
+            tracing::warn!(plugin = &*self.plugin, %reason, "plugin statement refused");
+        }
         match (before, conn.in_transaction()) {
             (false, true) => self.transactions += 1,
             (true, false) => self.transactions = self.transactions.saturating_sub(1),
@@ -172,13 +212,122 @@ impl HostConnection for SqliteView<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
+
+    fn ctx(dir: &std::path::Path, cache: &Arc<ConnectionCache>, deadline: Duration) -> SqliteCtx {
+        let budget = Budget::new(deadline, Duration::from_millis(10));
+        SqliteCtx::new(
+            Arc::from("test"),
+            dir.to_path_buf(),
+            cache.clone(),
+            budget,
+            DEFAULT_MAX_BYTES,
+        )
+    }
+
+    /// A statement that never ends by itself.
+    const ENDLESS: &str =
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+
+    fn interrupted(result: Result<impl std::fmt::Debug, Error>, deadline_ms: u64) {
+        match result {
+            Err(Error::InvalidStatement(m)) => assert!(
+                m.starts_with("interrupted:")
+                    && m.contains(&format!("deadline of {deadline_ms} ms")),
+                "{m}"
+            ),
+            other => panic!("not interrupted: {other:?}"),
+        }
+    }
+
+    /// Real time: the budget is CPU time, spent by the statement as it runs.
+    #[test]
+    fn an_endless_statement_ends_with_an_error_when_the_budget_is_spent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let conn = cache.open(tmp.path(), "db").unwrap();
+        for run in ["query", "execute", "execute-batch"] {
+            let mut ctx = ctx(tmp.path(), &cache, Duration::from_millis(200));
+            let started = Instant::now();
+            match run {
+                "query" => interrupted(ctx.tracked(&conn, |c| c.query(ENDLESS, vec![])), 200),
+                "execute" => interrupted(ctx.tracked(&conn, |c| c.execute(ENDLESS, vec![])), 200),
+                _ => interrupted(ctx.tracked(&conn, |c| c.execute_batch(ENDLESS)), 200),
+            }
+            let took = started.elapsed();
+            assert!(
+                took >= Duration::from_millis(190) && took < Duration::from_millis(1200),
+                "{run}: interrupted after {took:?}"
+            );
+            // The budget is spent: the guest is stopped at its next tick.
+            assert!(
+                !ctx.budget_mut().take_tick(Duration::from_millis(10)),
+                "{run}"
+            );
+        }
+        // The host connection is fine for the next instance.
+        let mut next = ctx(tmp.path(), &cache, Duration::from_secs(10));
+        let rows = next
+            .tracked(&conn, |c| c.query("SELECT 1 + 1", vec![]))
+            .unwrap();
+        assert!(matches!(rows.rows[0][0], Value::Integer(2)));
+        assert_eq!(cache.idle_count(&tmp.path().join("db.sqlite3")), 1);
+    }
+
+    /// Real time: an export call's wall-clock deadline ends a statement that has CPU budget
+    /// left.
+    #[test]
+    fn a_statement_ends_at_the_calls_wall_clock_deadline() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let conn = cache.open(tmp.path(), "db").unwrap();
+        let mut ctx = ctx(tmp.path(), &cache, Duration::from_secs(10));
+        let started = Instant::now();
+        ctx.budget_mut()
+            .set_wall_deadline(started + Duration::from_millis(150));
+        interrupted(ctx.tracked(&conn, |c| c.query(ENDLESS, vec![])), 10_000);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(140) && took < Duration::from_millis(1150),
+            "interrupted after {took:?}"
+        );
+    }
+
+    /// Real time: another connection holds the write lock for longer than the budget; the
+    /// wait is not CPU time, so the statement still runs once the lock is free.
+    #[test]
+    fn waiting_for_a_lock_does_not_spend_the_budget() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = ConnectionCache::new();
+        let holder = cache.open(tmp.path(), "db").unwrap();
+        holder
+            .execute_batch("CREATE TABLE t (x); BEGIN IMMEDIATE; INSERT INTO t VALUES (1);")
+            .unwrap();
+        let writer = {
+            let cache = cache.clone();
+            let dir = tmp.path().to_path_buf();
+            std::thread::spawn(move || {
+                let conn = cache.open(&dir, "db").unwrap();
+                let mut ctx = ctx(&dir, &cache, Duration::from_millis(100));
+                let result = ctx.tracked(&conn, |c| c.execute("INSERT INTO t VALUES (2)", vec![]));
+                (result, ctx.budget_mut().cpu_left())
+            })
+        };
+        // Hold the lock for three times the writer's budget (the writer waits meanwhile).
+        std::thread::sleep(Duration::from_millis(300));
+        holder.execute_batch("COMMIT").unwrap();
+        let (result, left) = writer.join().unwrap();
+        assert_eq!(result.unwrap(), 1);
+        assert!(left > Duration::from_millis(50), "{left:?} left");
+    }
 
     #[test]
     fn the_import_knows_when_an_instance_has_a_transaction_open() {
         let tmp = tempfile::tempdir().unwrap();
         let cache = ConnectionCache::new();
-        let mut ctx = SqliteCtx::new(tmp.path().to_path_buf(), cache.clone());
+        let mut ctx = ctx(tmp.path(), &cache, Duration::from_secs(10));
         let conn = cache.open(tmp.path(), "db").unwrap();
         ctx.tracked(&conn, |c| c.execute_batch("CREATE TABLE t (x)"))
             .unwrap();

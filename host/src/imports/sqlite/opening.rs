@@ -26,6 +26,37 @@ thread_local! {
     pub(super) static STATE_CHANGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+thread_local! {
+    /// Set while the host itself runs a statement on a plugin connection (a checkpoint):
+    /// the authorizer lets it through.
+    static HOST_STATEMENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+thread_local! {
+    /// What the authorizer last refused on this thread, for the error's text (SQLite's own
+    /// says only `not authorized`).
+    static REFUSED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Take what the authorizer refused since the last call, if anything.
+pub(super) fn take_refusal() -> Option<String> {
+    REFUSED.take()
+}
+
+fn refuse(why: String) -> Authorization {
+    REFUSED.set(Some(why));
+    Authorization::Deny
+}
+
+/// Run `f`, the host's own statements on a plugin connection (never a guest's), past the
+/// authorizer's refusals.
+pub(super) fn as_host<R>(f: impl FnOnce() -> R) -> R {
+    let previous = HOST_STATEMENT.replace(true);
+    let result = f();
+    HOST_STATEMENT.set(previous);
+    result
+}
+
 /// Why `name` cannot be a database name, if it cannot.
 pub fn check_name(name: &str) -> Result<(), Error> {
     let refused = name.is_empty()
@@ -75,50 +106,140 @@ pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
         OpenError::Sqlite(e) => map_error(e),
     })?;
     conn.authorizer(Some(authorize)).map_err(map_error)?;
+    super::bounds::bound(&mut conn).map_err(map_error)?;
     Ok(conn)
 }
 
-/// Refuse what would reach files outside the plugin's own database: attaching another
-/// file (`ATTACH`, and `VACUUM INTO` which attaches its target) and the pragmas that move
-/// SQLite's temporary or data files. `ATTACH ''` (a private temporary database, which
-/// plain `VACUUM` uses) stays allowed; a file name given as an expression rather than a
-/// literal cannot be checked, so it is refused.
+/// How a plugin may use an allowed pragma.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PragmaUse {
+    /// Read only (`PRAGMA foreign_keys`); setting it is refused.
+    Read,
+    /// Read and set: it lives in the database file's header, not in the connection.
+    ReadWrite,
+    /// Run, with or without an argument (a table or index name, a count of errors): it only
+    /// reads.
+    Query,
+}
+
+/// The pragmas a plugin may run; every other one is refused (`not authorized`). Some change
+/// the whole process (`hard_heap_limit`, `soft_heap_limit`), the files (`journal_mode`,
+/// `mmap_size`, `temp_store_directory`), what the host relies on (`foreign_keys = OFF`,
+/// `synchronous`, `locking_mode`, `busy_timeout`, `wal_autocheckpoint`) or the connection a
+/// later instance borrows (`cache_size`, `recursive_triggers`, …).
+pub const PRAGMAS: &[(&str, PragmaUse, &str)] = &[
+    (
+        "user_version",
+        PragmaUse::ReadWrite,
+        "Provider Retry's schema version (store::migrate); a number in the file's header",
+    ),
+    (
+        "application_id",
+        PragmaUse::ReadWrite,
+        "a number in the file's header, like user_version",
+    ),
+    (
+        "foreign_keys",
+        PragmaUse::Read,
+        "a plugin may check they are on; not turn them off",
+    ),
+    (
+        "schema_version",
+        PragmaUse::Read,
+        "read-only schema counter",
+    ),
+    ("data_version", PragmaUse::Read, "read-only change counter"),
+    ("page_count", PragmaUse::Read, "read-only file size"),
+    ("page_size", PragmaUse::Read, "read-only file size"),
+    ("freelist_count", PragmaUse::Read, "read-only file size"),
+    (
+        "table_info",
+        PragmaUse::Query,
+        "schema introspection for migrations",
+    ),
+    ("table_xinfo", PragmaUse::Query, "schema introspection"),
+    ("table_list", PragmaUse::Query, "schema introspection"),
+    ("index_list", PragmaUse::Query, "schema introspection"),
+    ("index_info", PragmaUse::Query, "schema introspection"),
+    ("index_xinfo", PragmaUse::Query, "schema introspection"),
+    ("foreign_key_list", PragmaUse::Query, "schema introspection"),
+    (
+        "foreign_key_check",
+        PragmaUse::Query,
+        "reads the plugin's own rows",
+    ),
+    (
+        "integrity_check",
+        PragmaUse::Query,
+        "reads the plugin's own file (bounded by the deadline)",
+    ),
+    (
+        "quick_check",
+        PragmaUse::Query,
+        "reads the plugin's own file (bounded by the deadline)",
+    ),
+];
+
+/// Whether a plugin may run `PRAGMA name` (with `value`, if given).
+pub fn pragma_allowed(name: &str, value: Option<&str>) -> bool {
+    PRAGMAS
+        .iter()
+        .find(|(allowed, _, _)| allowed.eq_ignore_ascii_case(name))
+        .is_some_and(|&(_, use_, _)| match use_ {
+            PragmaUse::Read => value.is_none(),
+            PragmaUse::ReadWrite | PragmaUse::Query => true,
+        })
+}
+
+/// Refuse what would reach files outside the plugin's own database or change more than it:
+/// attaching any database (`ATTACH`, `VACUUM INTO` which attaches its target, and plain
+/// `VACUUM`, whose private temporary database the attached limit of 0 refuses too) and
+/// every pragma not in [`PRAGMAS`].
 fn authorize(ctx: AuthContext<'_>) -> Authorization {
+    if HOST_STATEMENT.get() {
+        return Authorization::Allow;
+    }
     if changes_connection_state(&ctx.action) {
         STATE_CHANGED.set(true);
     }
     match ctx.action {
-        AuthAction::Attach { filename: "" } => Authorization::Allow,
-        AuthAction::Attach { .. } => Authorization::Deny,
+        AuthAction::Attach { .. } | AuthAction::Detach { .. } => {
+            refuse("a plugin may not attach databases (nor VACUUM)".into())
+        }
         AuthAction::Unknown { code, .. } if code == rusqlite::ffi::SQLITE_ATTACH => {
-            Authorization::Deny
+            refuse("a plugin may not attach databases (nor VACUUM)".into())
         }
-        AuthAction::Pragma { pragma_name, .. }
-            if pragma_name.eq_ignore_ascii_case("temp_store_directory")
-                || pragma_name.eq_ignore_ascii_case("data_store_directory") =>
-        {
-            Authorization::Deny
-        }
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } if !pragma_allowed(pragma_name, pragma_value) => refuse(match pragma_value {
+            Some(_)
+                if PRAGMAS
+                    .iter()
+                    .any(|(n, _, _)| n.eq_ignore_ascii_case(pragma_name)) =>
+            {
+                format!("PRAGMA {pragma_name} may be read, not set, by a plugin")
+            }
+            _ => format!(
+                "PRAGMA {pragma_name} is not one a plugin may run (docs/04-sqlite-settings.md)"
+            ),
+        }),
         _ => Authorization::Allow,
     }
 }
 
 /// Whether an action changes state that belongs to the connection rather than the database
-/// file (a pragma given a value, a temporary object, an attached private database): a
-/// guest connection that did so keeps its host connection, so its later statements see
-/// that state. Errs on the side of keeping (`PRAGMA table_info(t)` counts, too).
+/// file (a temporary object): a guest connection that did so keeps its host connection, so
+/// its later statements see that state, and that host connection is closed, not handed to
+/// another instance, when the guest connection is dropped. No allowed pragma changes the
+/// connection ([`PRAGMAS`]), and attaching is refused.
 fn changes_connection_state(action: &AuthAction<'_>) -> bool {
     matches!(
         action,
-        AuthAction::Pragma {
-            pragma_value: Some(_),
-            ..
-        } | AuthAction::CreateTempIndex { .. }
+        AuthAction::CreateTempIndex { .. }
             | AuthAction::CreateTempTable { .. }
             | AuthAction::CreateTempTrigger { .. }
             | AuthAction::CreateTempView { .. }
-            | AuthAction::Attach { .. }
-            | AuthAction::Detach { .. }
     )
 }
 
@@ -204,6 +325,8 @@ mod tests {
             .unwrap();
         let file = outside.display().to_string();
         for sql in [
+            "ATTACH '' AS scratch".to_string(),
+            "VACUUM".to_string(),
             format!("ATTACH '{file}' AS o"),
             format!("ATTACH 'file:{file}?mode=ro' AS o"),
             format!("ATTACH '{file}' || '' AS o"),
@@ -219,9 +342,80 @@ mod tests {
             );
         }
         assert!(!tmp.path().join("copy.sqlite3").exists());
-        // A private temporary database and plain VACUUM still work.
-        conn.execute_batch("ATTACH '' AS scratch; DETACH scratch; VACUUM;")
-            .unwrap();
+        let rows = conn.query("SELECT count(*) FROM t", vec![]).unwrap();
+        assert!(matches!(rows.rows[0][0], Value::Integer(1)));
+    }
+
+    #[test]
+    fn only_the_allowed_pragmas_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conn = Connection::open_uncached(tmp.path(), "db").unwrap();
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        for sql in [
+            // Process-wide: every database's, the core's included.
+            "PRAGMA hard_heap_limit = 1099511627776",
+            "PRAGMA soft_heap_limit = 1099511627776",
+            "PRAGMA soft_heap_limit",
+            "PRAGMA threads = 4",
+            // The files, and what the host relies on.
+            "PRAGMA mmap_size = 1048576",
+            "PRAGMA journal_mode = DELETE",
+            "PRAGMA journal_mode",
+            "PRAGMA locking_mode = EXCLUSIVE",
+            "PRAGMA synchronous = OFF",
+            "PRAGMA main.synchronous = OFF",
+            "PRAGMA foreign_keys = OFF",
+            "PRAGMA busy_timeout = 0",
+            "PRAGMA wal_autocheckpoint = 1",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+            "PRAGMA writable_schema = ON",
+            "PRAGMA cache_size = 1",
+            "PRAGMA recursive_triggers = ON",
+            "PRAGMA temp_store = MEMORY",
+            "PRAGMA temp_store_directory = '/tmp'",
+            "PRAGMA data_store_directory = '/tmp'",
+            "PRAGMA secure_delete = ON",
+            "PRAGMA query_only = ON",
+            "PRAGMA optimize",
+            "PRAGMA unknown_pragma = 1",
+        ] {
+            match conn.execute_batch(sql) {
+                Err(Error::InvalidStatement(m)) => {
+                    assert!(m.contains("not authorized"), "{sql}: {m}")
+                }
+                other => panic!("{sql} was allowed: {other:?}"),
+            }
+        }
+        // The process-wide limits are untouched (SQLite's defaults: none).
+        // SAFETY: a negative argument only reads the limit.
+        assert_eq!(unsafe { rusqlite::ffi::sqlite3_soft_heap_limit64(-1) }, 0);
+        // SAFETY: a negative argument only reads the process-wide limit.
+        assert_eq!(unsafe { rusqlite::ffi::sqlite3_hard_heap_limit64(-1) }, 0);
+        // What the plugins use, and harmless reads.
+        conn.execute_batch("PRAGMA user_version = 3").unwrap();
+        let read = |sql: &str| conn.query(sql, vec![]).unwrap().rows;
+        assert!(matches!(
+            read("PRAGMA user_version")[0][0],
+            Value::Integer(3)
+        ));
+        assert!(matches!(
+            read("PRAGMA foreign_keys")[0][0],
+            Value::Integer(1)
+        ));
+        assert_eq!(read("PRAGMA table_info(t)").len(), 1);
+        assert!(matches!(&read("PRAGMA integrity_check")[0][0], Value::Text(ok) if ok == "ok"));
+        assert!(matches!(&read("PRAGMA quick_check(1)")[0][0], Value::Text(ok) if ok == "ok"));
+        read("PRAGMA index_list(t)");
+        read("PRAGMA foreign_key_check");
+        read("PRAGMA page_count");
+        // Settings pragmas cannot be called like queries to set them.
+        for sql in ["PRAGMA foreign_keys(0)", "PRAGMA page_size = 512"] {
+            assert!(conn.execute_batch(sql).is_err(), "{sql}");
+        }
+        // Every allowed pragma is documented.
+        for (name, _, why) in PRAGMAS {
+            assert!(!why.is_empty(), "{name}");
+        }
     }
 
     #[test]
