@@ -14,9 +14,9 @@
 //!   client, two threads otherwise), and each target runs in its own process: the upstream
 //!   in this process, nginx (Debian's `nginx-light`, started here with its own config in a
 //!   temporary directory, `worker_processes 2`, keep-alive to the upstream) and the pool in a
-//!   child process (this same binary re-executed with `TABLE_BENCH_CHILD=pool`: the real
-//!   embedded Account Pooler in the real host on 2 tokio workers, as `pooler serve` runs it,
-//!   three API-key accounts, one route). Every run is checked: no socket error and no non-2xx
+//!   child process (this same binary re-executed with `TABLE_BENCH_CHILD=pool`: the host as
+//!   `pooler serve` assembles it — the core, the real embedded Account Pooler and Provider
+//!   Retry — on 2 tokio workers, three API-key accounts, one route). Every run is checked: no socket error and no non-2xx
 //!   answer, or the bench fails. The three targets alternate within each round
 //!   (`TABLE_BENCH_ROUNDS`, default 3; each run `TABLE_BENCH_SECONDS`, default 3); the table
 //!   prints medians and the pool's spread (min–max) over the rounds;
@@ -33,20 +33,22 @@
 //! Needs `wrk` and `nginx` on the PATH or in `/usr/bin`, `/usr/sbin`
 //! (`apt-get install wrk nginx-light`). The targets of issue 18: RSS with 64 streams under
 //! 100 MB; at 64 clients at least 0.15× nginx's requests/s; the other figures no worse than
-//! before. `TABLE_BENCH_ONLY=load|memory|reevaluate|start` runs one part.
+//! before. `TABLE_BENCH_ONLY=load,memory` (any of `load`, `memory`, `reevaluate`, `start`)
+//! runs just those parts.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use pooler_tests::bench::{self, configure_pool, median, serve_pool};
+use pooler_tests::bench::{self, configure_pool, median, serve_like_pooler};
 use pooler_tests::client::TestClient;
 use pooler_tests::pool::claude_body;
-use pooler_tests::upstream::{FakeUpstream, Gate, Reply};
+use pooler_tests::upstream::{FakeUpstream, Gate, Received, Reply, Responder};
 
 /// Set in the child process that serves the pool.
 const CHILD: &str = "TABLE_BENCH_CHILD";
@@ -59,6 +61,8 @@ const STREAMS: usize = 64;
 /// How long to wait for a process to come up.
 const START_LIMIT: Duration = Duration::from_secs(60);
 const SESSION: &str = "session-bench";
+/// The sessions of the held streams start with this (the fake upstream holds only those).
+const STREAM_SESSION: &str = "stream-";
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -74,12 +78,13 @@ fn main() -> anyhow::Result<()> {
     bench::run(run())
 }
 
-/// The pool process: serve the embedded pool in front of `$TABLE_BENCH_UPSTREAM`, print
+/// The pool process: serve as `pooler serve` does (core, both embedded plugins), the pool in
+/// front of `$TABLE_BENCH_UPSTREAM`, print
 /// `ready URL TOKEN`, serve until stdin closes.
 async fn child() -> anyhow::Result<()> {
     let upstream = std::env::var(CHILD_UPSTREAM)?;
     let data = tempfile::tempdir()?;
-    let (url, host, stop) = serve_pool("embedded", data.path()).await?;
+    let (url, host, core, stop) = serve_like_pooler(data.path()).await?;
     let token = configure_pool(&host, &url, &upstream).await?;
     println!("ready {url} {token}");
     std::io::stdout().flush()?;
@@ -89,6 +94,7 @@ async fn child() -> anyhow::Result<()> {
     })
     .await?;
     let _ = stop.send(());
+    core.shutdown().await;
     drop(host);
     Ok(())
 }
@@ -207,7 +213,7 @@ impl Nginx {
         let started = Instant::now();
         let client = TestClient::new();
         loop {
-            if let Ok(answer) = client.send(request(&nginx.url, None)).await {
+            if let Ok(answer) = client.send(request(&nginx.url, None, SESSION)).await {
                 anyhow::ensure!(
                     answer.status.is_success(),
                     "nginx answered {}",
@@ -233,17 +239,17 @@ impl Drop for Nginx {
 }
 
 /// The request every target gets (the pool's with its route token).
-fn request(base: &str, token: Option<&str>) -> Request<Full<Bytes>> {
+fn request(base: &str, token: Option<&str>, session: &str) -> Request<Full<Bytes>> {
     let mut builder = Request::post(format!("{base}/v1/messages"))
         .header("content-type", "application/json")
         .header("anthropic-version", "2023-06-01")
-        .header("x-claude-code-session-id", SESSION);
+        .header("x-claude-code-session-id", session);
     if let Some(token) = token {
         builder = builder.header("authorization", format!("Bearer {token}"));
     }
     builder
         .body(Full::new(Bytes::from(claude_body(
-            SESSION,
+            session,
             "claude-sonnet-4-5",
         ))))
         .expect("a request")
@@ -279,7 +285,14 @@ fn wrk(script: &Path, base: &str, clients: usize, seconds: u64) -> anyhow::Resul
     let threads = if clients == 1 { 1 } else { 2 };
     let output = Command::new(program("wrk")?)
         .args(["-t", &threads.to_string(), "-c", &clients.to_string()])
-        .args(["-d", &format!("{seconds}s"), "--latency", "-s"])
+        .args([
+            "-d",
+            &format!("{seconds}s"),
+            "--timeout",
+            "10s",
+            "--latency",
+            "-s",
+        ])
         .arg(script)
         .arg(format!("{base}/v1/messages"))
         .output()?;
@@ -367,7 +380,10 @@ fn load_average() -> String {
 
 async fn run() -> anyhow::Result<()> {
     let only = std::env::var("TABLE_BENCH_ONLY").ok();
-    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    let part = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|p| p == name))
+    };
     let rounds: usize = env_or("TABLE_BENCH_ROUNDS", 3usize).max(1);
     let seconds: u64 = env_or("TABLE_BENCH_SECONDS", 3u64).max(1);
     println!(
@@ -398,7 +414,9 @@ async fn run() -> anyhow::Result<()> {
         std::fs::create_dir_all(&nginx_dir)?;
         let nginx = Nginx::start(&nginx_dir, upstream.addr()).await?;
         let client = TestClient::new();
-        let answer = client.send(request(&pool.url, Some(&pool.token))).await?;
+        let answer = client
+            .send(request(&pool.url, Some(&pool.token), SESSION))
+            .await?;
         anyhow::ensure!(
             answer.status.is_success(),
             "the pool: {} {}",
@@ -559,22 +577,31 @@ async fn run() -> anyhow::Result<()> {
 async fn streams_rss(pool: &PoolProcess, upstream: &FakeUpstream) -> anyhow::Result<u64> {
     let gate = Gate::new();
     let start = r#"{"type":"message_start","message":{"id":"msg_bench","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":1}}}"#;
-    for _ in 0..STREAMS {
-        upstream.push(
+    let held = gate.clone();
+    let responder: Responder = Arc::new(move |received: &Received| {
+        let session = received.header("x-claude-code-session-id")?;
+        session.starts_with(STREAM_SESSION).then(|| {
             Reply::sse()
                 .event("message_start", start)
                 .event("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#)
-                .pause(&gate)
+                .pause(&held)
                 .event("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}"#)
                 .event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#)
                 .event("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":5}}"#)
-                .event("message_stop", r#"{"type":"message_stop"}"#),
-        );
-    }
+                .event("message_stop", r#"{"type":"message_stop"}"#)
+        })
+    });
+    upstream.set_responder(Some(responder));
     let client = TestClient::new();
     let mut open = Vec::new();
-    for _ in 0..STREAMS {
-        let response = client.open(request(&pool.url, Some(&pool.token))).await?;
+    for n in 0..STREAMS {
+        let response = client
+            .open(request(
+                &pool.url,
+                Some(&pool.token),
+                &format!("{STREAM_SESSION}{n}"),
+            ))
+            .await?;
         anyhow::ensure!(response.status().is_success(), "{}", response.status());
         let mut body = response.into_body();
         // The first events arrived: the stream is open end to end.
@@ -597,5 +624,6 @@ async fn streams_rss(pool: &PoolProcess, upstream: &FakeUpstream) -> anyhow::Res
             String::from_utf8_lossy(&whole)
         );
     }
+    upstream.set_responder(None);
     Ok(rss)
 }

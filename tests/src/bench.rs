@@ -64,6 +64,43 @@ pub async fn serve_pool(
     Ok((url, host, stop))
 }
 
+/// A host as `pooler serve` runs it: the core (`CoreLink`, its database in `data`), both
+/// embedded plugins, the Account Pooler allowed to reach loopback, the default maintenance
+/// tick, on an ephemeral loopback port with the tests' compile cache. Its URL, the host, the
+/// core, and the sender that stops the server.
+pub async fn serve_like_pooler(
+    data: &Path,
+) -> anyhow::Result<(
+    String,
+    Host,
+    Arc<pooler_host::core_link::CoreLink>,
+    tokio::sync::oneshot::Sender<()>,
+)> {
+    use pooler_host::core_link::{CoreLink, CoreOptions};
+    let config = Config::parse(
+        "[plugins.account-pool]\ncomponent = \"embedded\"\nallowed-hosts = [\"127.0.0.1\"]\n",
+    )?;
+    let clock: pooler_core::clock::SharedClock = Arc::new(SystemClock::new());
+    let core = CoreLink::open(data, clock.clone(), CoreOptions::from_host_config(&config))?;
+    let host = Host::new(HostOptions {
+        config,
+        data_dir: data.to_path_buf(),
+        clock,
+        threads: core.threads_service(),
+        cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
+    })?;
+    let core = core.attach(&host)?;
+    let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?)
+        .await?
+        .with_core(core.clone())?;
+    let url = format!("http://{}", server.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    Ok((url, host, core, stop))
+}
+
 /// Point the pool at `upstream`, add API-key accounts A, B, C and open a route for a thread
 /// of the pool at `url`; the route token.
 pub async fn configure_pool(host: &Host, url: &str, upstream: &str) -> anyhow::Result<String> {
