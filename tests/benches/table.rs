@@ -346,13 +346,19 @@ struct Row {
 }
 
 fn print_table(rows: &[Row]) {
+    let head = ["figure", "value", "baseline (same run)", "ratio"];
     println!(
-        "\n| {:<52} | {:>12} | {:>24} | {:>8} | {}",
-        "figure", "value", "baseline (same run)", "ratio", "note"
+        "\n| {:<52} | {:>12} | {:>24} | {:>8} | note",
+        head[0], head[1], head[2], head[3]
     );
+    let rule = |width: usize| "-".repeat(width);
     println!(
-        "|{:-<54}|{:-<14}|{:-<26}|{:-<10}|{:-<30}",
-        "", "", "", "", ""
+        "|{}|{}|{}|{}|{}",
+        rule(54),
+        rule(14),
+        rule(26),
+        rule(10),
+        rule(30)
     );
     for r in rows {
         println!(

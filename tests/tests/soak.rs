@@ -130,7 +130,7 @@ impl Faults {
         let now = self.clock.now_ms();
         let (outcome, reply) = match letter {
             _ if !self.on.load(Ordering::SeqCst) => (Outcome::Ok, None),
-            'A' if n % 4 == 0 => (Outcome::Transient, Some(claude::overloaded())),
+            'A' if n.is_multiple_of(4) => (Outcome::Transient, Some(claude::overloaded())),
             'A' if n % 4 == 2 => (
                 Outcome::Transient,
                 Some(claude::error(503, "api_error", "Service unavailable")),
@@ -139,7 +139,7 @@ impl Faults {
                 let until = self.b_exhausted_until.load(Ordering::SeqCst);
                 (Outcome::Quota, Some(claude::rate_limited(until, now)))
             }
-            'C' if n % 3 == 0 => (
+            'C' if n.is_multiple_of(3) => (
                 Outcome::Transient,
                 Some(claude::error(500, "api_error", "Internal server error")),
             ),
