@@ -82,67 +82,17 @@ async fn run() -> anyhow::Result<()> {
     start_up().await
 }
 
-/// One start as `pooler serve` makes it, on `data` with the compile cache `cache`: the time
-/// until the pool answered a first request (a route token it does not know: 401 from the
-/// pool itself).
-async fn start_once(data: &std::path::Path, cache: &std::path::Path) -> anyhow::Result<Duration> {
-    use pooler_host::core_link::{CoreLink, CoreOptions};
-    let config = Config::parse("[maintenance]\ninterval-s = 0\n")?;
-    let started = Instant::now();
-    let clock: pooler_core::clock::SharedClock = Arc::new(SystemClock::new());
-    let core = CoreLink::open(data, clock.clone(), CoreOptions::from_host_config(&config))?;
-    let host = Host::new(HostOptions {
-        config,
-        data_dir: data.to_path_buf(),
-        clock,
-        threads: core.threads_service(),
-        cache_dir: Some(cache.to_path_buf()),
-    })?;
-    let core = core.attach(&host)?;
-    let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?)
-        .await?
-        .with_core(core.clone())?;
-    let addr = server.local_addr()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.run(async {
-        let _ = stopped.await;
-    }));
-    let request = hyper::Request::post(format!("http://{addr}/v1/messages"))
-        .header("authorization", "Bearer not-a-route-token")
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))?;
-    let answer = TestClient::new().send(request).await?;
-    let elapsed = started.elapsed();
-    anyhow::ensure!(
-        answer.status == hyper::StatusCode::UNAUTHORIZED,
-        "the pool did not refuse the unknown token: {} {}",
-        answer.status,
-        answer.body
-    );
-    let _ = stop.send(());
-    serving.await??;
-    core.shutdown().await;
-    Ok(elapsed)
-}
-
 async fn start_up() -> anyhow::Result<()> {
     let runs: usize = std::env::var("HOST_BENCH_STARTS")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(5)
         .max(1);
-    let root = tempfile::tempdir()?;
-    let (mut cold, mut shared, mut warm) = (Vec::new(), Vec::new(), Vec::new());
-    for run in 0..runs {
-        let cache = root.path().join(format!("cache-{run}"));
-        let fresh = |name: &str| root.path().join(format!("{name}-{run}"));
-        // Fresh data directory, empty cache: compiles both components.
-        cold.push(start_once(&fresh("cold"), &cache).await?);
-        // Another fresh data directory on the cache the first one filled.
-        shared.push(start_once(&fresh("shared"), &cache).await?);
-        // The first data directory again.
-        warm.push(start_once(&fresh("cold"), &cache).await?);
-    }
+    let pooler_tests::bench::StartUps {
+        mut cold,
+        fresh: mut shared,
+        mut warm,
+    } = pooler_tests::bench::start_ups(runs).await?;
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     let summary = |times: &mut Vec<Duration>| {
         times.sort();

@@ -25,20 +25,13 @@
 //! `POOL_BENCH_BODY_KIB=n` pads each request's conversation to about n KiB (agents send
 //! tens to hundreds of KiB) instead of ~200 bytes.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
-use pooler_core::clock::SystemClock;
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
-use pooler_host::bindings::types::Provider;
-use pooler_host::config::Config;
-use pooler_host::imports::threads::NoCore;
-use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
+use pooler_tests::bench::{configure_pool, median, serve_pool};
 use pooler_tests::client::TestClient;
 use pooler_tests::fixtures;
 use pooler_tests::pool::claude_body;
@@ -77,30 +70,6 @@ fn main() -> anyhow::Result<()> {
     pooler_tests::bench::run(run())
 }
 
-/// A host serving `component` on an ephemeral loopback port; returns its URL and the host.
-async fn serve(
-    component: &str,
-    data: &std::path::Path,
-) -> anyhow::Result<(String, Host, tokio::sync::oneshot::Sender<()>)> {
-    let config = Config::parse(&format!(
-        "[plugins.account-pool]\ncomponent = {component:?}\nallowed-hosts = [\"127.0.0.1\"]\n"
-    ))?;
-    let host = Host::new(HostOptions {
-        config,
-        data_dir: data.to_path_buf(),
-        clock: Arc::new(SystemClock::new()),
-        threads: Arc::new(NoCore),
-        cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
-    })?;
-    let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?).await?;
-    let url = format!("http://{}", server.local_addr()?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async {
-        let _ = stopped.await;
-    }));
-    Ok((url, host, stop))
-}
-
 /// A proxy in plain Rust, no WebAssembly: a hyper server that forwards each request to
 /// `upstream` through a keep-alive client and returns its answer. The floor the two HTTP hops
 /// set on this machine, whatever a host does. Its URL.
@@ -136,51 +105,6 @@ async fn plain_proxy(upstream: std::net::SocketAddr) -> anyhow::Result<String> {
         }
     });
     Ok(url)
-}
-
-/// Point the pool at `upstream`, add accounts A, B, C and open a route; the route token.
-async fn configure_pool(host: &Host, url: &str, upstream: &str) -> anyhow::Result<String> {
-    let set = |key: &'static str, value: String| {
-        host.call_pool("settings.set-setting", move |store, pool| {
-            Box::pin(async move {
-                pool.pooler_plugins_settings()
-                    .call_set_setting(store, key, &value)
-                    .await
-            })
-        })
-    };
-    set("claude-upstream-url", upstream.to_owned())
-        .await?
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    for key in ["key-a", "key-b", "key-c"] {
-        let account = NewAccount {
-            provider: Provider::Claude,
-            credential: Credential::ApiKey(key.into()),
-            label: None,
-            priority: None,
-        };
-        host.call_pool("accounts.add", move |store, pool| {
-            Box::pin(async move {
-                pool.pooler_plugins_accounts()
-                    .call_add(store, &account)
-                    .await
-            })
-        })
-        .await?
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    }
-    let (thread, endpoint) = ("bench".to_owned(), url.to_owned());
-    let route = host
-        .call_pool("routing.open-route", move |store, pool| {
-            Box::pin(async move {
-                pool.pooler_plugins_routing()
-                    .call_open_route(store, &thread, Provider::Claude, &endpoint)
-                    .await
-            })
-        })
-        .await?
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    Ok(route.token)
 }
 
 /// Where a load goes.
@@ -304,12 +228,6 @@ async fn load(target: &Target, clients: usize) -> anyhow::Result<Load> {
     })
 }
 
-/// The median of `values` (the upper one of an even count).
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 /// Each figure's median over `runs` (one figure's median need not come from the same run
 /// as another's).
 fn median_load(runs: &[Load]) -> Load {
@@ -331,9 +249,9 @@ async fn run() -> anyhow::Result<()> {
     upstream.set_recording(false);
     let pool_data = tempfile::tempdir()?;
     let fixture_data = tempfile::tempdir()?;
-    let (pool_url, pool_host, stop_pool) = serve("embedded", pool_data.path()).await?;
+    let (pool_url, pool_host, stop_pool) = serve_pool("embedded", pool_data.path()).await?;
     let (fixture_url, _fixture_host, stop_fixture) =
-        serve(fixtures::POOL, fixture_data.path()).await?;
+        serve_pool(fixtures::POOL, fixture_data.path()).await?;
     let token = configure_pool(&pool_host, &pool_url, &upstream.url()).await?;
     let padding: Arc<str> = padding().into();
     let body_bytes = request_body("session-0", &padding).len();

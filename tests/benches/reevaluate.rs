@@ -21,38 +21,15 @@
 //! factor 10,000 / 1,000 and whether the target (10,000 rows in under 1 s) is met.
 //! `REEVALUATE_ROWS=N` runs just that size (e.g. under `perf record`).
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pooler_core::Provider;
-use pooler_tests::core::{CoreHost, CoreSetup};
-use pooler_tests::pool::{five_hour_rejected, reply};
+use pooler_tests::bench::reevaluate::measure;
 
-const SECOND: u64 = 1_000;
-const HOUR: u64 = 3_600 * SECOND;
-/// Provider Retry's default reset buffer and jitter bound.
-const BUFFER: u64 = 15 * SECOND;
-const JITTER: u64 = 30 * SECOND;
-/// Threads created and sent concurrently while seeding.
-const SEED_BATCH: usize = 250;
 /// The target of issue 5.
 const TARGET: Duration = Duration::from_secs(1);
 
 fn main() -> anyhow::Result<()> {
     pooler_tests::bench::run(run())
-}
-
-struct Measured {
-    rows: usize,
-    enable: Duration,
-    delivery: Duration,
-    moved: usize,
-}
-
-impl Measured {
-    fn total(&self) -> Duration {
-        self.enable + self.delivery
-    }
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -105,104 +82,4 @@ async fn run() -> anyhow::Result<()> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-async fn measure(n: usize) -> anyhow::Result<Measured> {
-    // Turns of the seeding run many at once; nothing is dispatched in the timed part.
-    let h = CoreSetup::new()
-        .real_retry()
-        .core("concurrency-limit = 64")
-        .start()
-        .await;
-    let b = h.add_claude_key("key-b").await;
-    h.disable_account(&b.id).await;
-    h.settle().await;
-
-    let seeding = Instant::now();
-    seed(&h, n).await?;
-    let rows = h.core().list_rows(None)?;
-    anyhow::ensure!(
-        rows.len() == n,
-        "seeding left {} rows for {n} threads",
-        rows.len()
-    );
-    let reset = h.now() + 2 * HOUR;
-    anyhow::ensure!(
-        rows.iter()
-            .all(|r| r.attempt == 2 && r.send_at >= reset - HOUR),
-        "every row waits on A's reset"
-    );
-    eprintln!(
-        "  seeded {n} pending rows in {:.1} s",
-        seeding.elapsed().as_secs_f64()
-    );
-    let before: HashMap<u64, u64> = rows.iter().map(|r| (r.id, r.send_at)).collect();
-
-    // The timed part: enable B; the pool signals the change, the host delivers it to
-    // Provider Retry, which re-evaluates every pending row.
-    let enabled_at = h.now();
-    let started = Instant::now();
-    h.enable_account(&b.id).await;
-    let enable = started.elapsed();
-    let delivered = Instant::now();
-    h.host.availability_changes_settled().await;
-    let delivery = delivered.elapsed();
-
-    let after = h.core().list_rows(None)?;
-    anyhow::ensure!(after.len() == n, "{} rows after the change", after.len());
-    let window = enabled_at + BUFFER..enabled_at + BUFFER + JITTER;
-    let mut moved = 0;
-    for row in &after {
-        let old = before
-            .get(&row.id)
-            .ok_or_else(|| anyhow::anyhow!("row {} is new", row.id))?;
-        if row.send_at != *old && window.contains(&row.send_at) && row.attempt == 2 {
-            moved += 1;
-        }
-    }
-    let m = Measured {
-        rows: n,
-        enable,
-        delivery,
-        moved,
-    };
-    drop(h);
-    Ok(m)
-}
-
-/// N threads in `error` with one live row each, waiting on A's reset (see the module docs).
-async fn seed(h: &CoreHost, n: usize) -> anyhow::Result<()> {
-    let reset = h.now() + 2 * HOUR;
-    h.upstream
-        .push(reply(429, &five_hour_rejected(Some(reset))));
-    let first = h.new_thread().await;
-    h.send(&first, "hello");
-    h.settle().await;
-    anyhow::ensure!(h.rows(&first).len() == 1, "the first thread has a row");
-
-    let mut made = 1;
-    while made < n {
-        let batch = SEED_BATCH.min(n - made);
-        let mut tasks = Vec::with_capacity(batch);
-        for _ in 0..batch {
-            let link = h.link.clone();
-            tasks.push(tokio::spawn(async move {
-                let thread = link
-                    .new_thread(Provider::Claude, Some("claude-test"))
-                    .await?;
-                link.send(&thread, "hello")?;
-                anyhow::Ok(())
-            }));
-        }
-        for task in tasks {
-            task.await??;
-        }
-        h.settle().await;
-        made += batch;
-    }
-    anyhow::ensure!(
-        h.upstream_turns() == 1,
-        "the pool answered the others itself"
-    );
-    Ok(())
 }

@@ -34,6 +34,22 @@ impl Logs {
         self.lines.lock().unwrap().clone()
     }
 
+    /// How many lines are captured.
+    pub fn len(&self) -> usize {
+        self.lines.lock().unwrap().len()
+    }
+
+    /// Whether no line is captured.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forget the lines captured so far: a long run (the soak) that reads none of them keeps
+    /// the capture, which grows with every line, out of the memory it measures.
+    pub fn clear(&self) {
+        self.lines.lock().unwrap().clear();
+    }
+
     /// Wait (at most `timeout`, a safety net) for a line matching `pred`.
     pub async fn wait_for(
         &self,

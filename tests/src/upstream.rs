@@ -196,12 +196,17 @@ impl Received {
     }
 }
 
+/// Decides the answer to a request before the script does (a fault injector, say): `Some`
+/// answers with that reply, `None` leaves the request to the script.
+pub type Responder = Arc<dyn Fn(&Received) -> Option<Reply> + Send + Sync>;
+
 struct State {
     /// The service whose rules a strict fake enforces before it answers from the script.
     contract: Option<Contract>,
     /// The refusals the rules gave: (path, status), in order.
     refused: Mutex<Vec<(String, u16)>>,
     script: Mutex<VecDeque<Reply>>,
+    responder: Mutex<Option<Responder>>,
     default: Reply,
     received: Mutex<Vec<Received>>,
     /// Whether requests are kept (benchmarks turn it off).
@@ -279,6 +284,7 @@ impl FakeUpstream {
             contract,
             refused: Mutex::new(Vec::new()),
             script: Mutex::new(VecDeque::new()),
+            responder: Mutex::new(None),
             default,
             received: Mutex::new(Vec::new()),
             recording: std::sync::atomic::AtomicBool::new(true),
@@ -318,6 +324,12 @@ impl FakeUpstream {
     /// Queue the answer to the next unanswered request.
     pub fn push(&self, reply: Reply) {
         self.state.script.lock().unwrap().push_back(reply);
+    }
+
+    /// Answer every request the service's rules accept with `responder` first (`None`: the
+    /// script alone, as at the start).
+    pub fn set_responder(&self, responder: Option<Responder>) {
+        *self.state.responder.lock().unwrap() = responder;
     }
 
     /// Keep (the default) or stop keeping the requests received.
@@ -383,11 +395,13 @@ async fn answer(
             .unwrap()
             .push((received.path.clone(), refusal.status_code()));
     }
+    let responder = state.responder.lock().unwrap().clone();
+    let decided = refusal.or_else(|| responder.and_then(|respond| respond(&received)));
     if state.recording.load(std::sync::atomic::Ordering::Relaxed) {
         state.received.lock().unwrap().push(received);
     }
     state.hits.send_modify(|n| *n += 1);
-    let reply = refusal.unwrap_or_else(|| {
+    let reply = decided.unwrap_or_else(|| {
         state
             .script
             .lock()
