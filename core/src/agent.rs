@@ -975,4 +975,137 @@ mod tests {
             .await
             .expect("the agent's background process was killed with its group");
     }
+
+    /// Issue 18, item 13: the parsers of Claude Code's and Codex's output, on arbitrary and
+    /// on near-valid lines.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const FIXTURES: &[(Cli, &str)] = &[
+            (Cli::ClaudeCode, "claude-success.json"),
+            (Cli::ClaudeCode, "claude-429.json"),
+            (Cli::ClaudeCode, "claude-5xx.json"),
+            (Cli::ClaudeCode, "claude-529.json"),
+            (Cli::Codex, "codex-success.jsonl"),
+            (Cli::Codex, "codex-429.jsonl"),
+            (Cli::Codex, "codex-5xx-noretry.jsonl"),
+        ];
+
+        fn cli() -> impl Strategy<Value = Cli> {
+            prop_oneof![Just(Cli::ClaudeCode), Just(Cli::Codex)]
+        }
+
+        /// JSON values built from the words the parsers look for, nested a little.
+        fn json() -> impl Strategy<Value = Value> {
+            let word = prop_oneof![
+                Just("type"),
+                Just("result"),
+                Just("is_error"),
+                Just("session_id"),
+                Just("api_error_status"),
+                Just("subtype"),
+                Just("thread.started"),
+                Just("thread_id"),
+                Just("item.completed"),
+                Just("item"),
+                Just("agent_message"),
+                Just("text"),
+                Just("error"),
+                Just("message"),
+                Just("turn.completed"),
+                Just("turn.failed"),
+                Just("success"),
+            ];
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<f64>().prop_map(
+                    |f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
+                ),
+                word.clone().prop_map(Value::from),
+                any::<String>().prop_map(Value::from),
+            ];
+            leaf.prop_recursive(4, 32, 6, move |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::vec((word.clone(), inner), 0..6).prop_map(|kv| {
+                        Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                    }),
+                ]
+            })
+        }
+
+        /// A line that is not a JSON object (a banner, a warning, a progress bar).
+        fn noise() -> impl Strategy<Value = String> {
+            any::<String>().prop_map(|s| {
+                let s = s.replace(['\n', '\r'], " ");
+                if s.trim_start().starts_with('{') {
+                    format!("warning: {s}")
+                } else {
+                    s
+                }
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 256,
+                failure_persistence: Some(Box::new(
+                    proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"),
+                )),
+                ..ProptestConfig::default()
+            })]
+
+            /// Any lines, JSON or not: no panic, and a report that says it is fine only
+            /// when it also says the turn finished.
+            #[test]
+            fn any_output_gives_a_consistent_report(
+                cli in cli(),
+                lines in prop::collection::vec(
+                    prop_oneof![json().prop_map(|v| v.to_string()), any::<String>()],
+                    0..8,
+                ),
+            ) {
+                let mut parser = OutputParser::new(cli);
+                for line in &lines {
+                    parser.line(line);
+                }
+                let report = parser.report();
+                prop_assert!(!report.ok || report.finished, "{report:?}");
+                prop_assert!(report.subtype.as_deref() != Some("success"));
+                if lines.iter().all(|l| !l.contains(['\n', '\r'])) {
+                    prop_assert_eq!(&report, &parse_output(cli, &lines.join("\n")));
+                }
+            }
+
+            /// A recorded output with noise lines anywhere reads as the recording does.
+            #[test]
+            fn noise_between_recorded_lines_changes_nothing(
+                which in 0..FIXTURES.len(),
+                noise in prop::collection::vec((any::<usize>(), noise()), 0..6),
+            ) {
+                let (cli, name) = FIXTURES[which];
+                let recorded = fixture(name);
+                let mut lines: Vec<String> = recorded.lines().map(str::to_owned).collect();
+                for (at, line) in noise {
+                    let at = at % (lines.len() + 1);
+                    lines.insert(at, line);
+                }
+                prop_assert_eq!(parse_output(cli, &lines.join("\n")), parse_output(cli, &recorded));
+            }
+        }
+
+        #[test]
+        fn every_recorded_output_still_parses() {
+            for (cli, name) in FIXTURES {
+                let report = parse_output(*cli, &fixture(name));
+                assert!(report.finished, "{name}");
+                assert!(report.session.is_some(), "{name}");
+                assert_eq!(report.ok, name.contains("success"), "{name}");
+            }
+        }
+    }
 }

@@ -153,6 +153,14 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE threads ADD COLUMN agent_args TEXT NOT NULL DEFAULT '[]';
     ALTER TABLE turn_requests ADD COLUMN in_agent_session INTEGER NOT NULL DEFAULT 0;
     "#,
+    // v5: retention (issue 18): the prune tick reads each table oldest first and stops at
+    // its cutoff, so a pass costs its batch, not the table.
+    r#"
+    CREATE INDEX history_by_at ON history(at);
+    CREATE INDEX outbox_by_created_at ON outbox(created_at);
+    CREATE INDEX turn_requests_by_finished_at ON turn_requests(finished_at)
+        WHERE finished_at IS NOT NULL;
+    "#,
 ];
 
 /// Opens (creating if needed) the core database in `data_dir` and brings its schema up to

@@ -13,6 +13,7 @@
 //! | [`threads`]  | threads, person messages, starting turns, recording outcomes, recovery |
 //! | [`queue`]    | the WIT `threads` queue operations and the due loop |
 //! | [`outbox`]   | durable, at-least-once delivery of `turn-failed` / `turn-succeeded` |
+//! | [`retention`] | pruning `history`, `outbox` and `turn_requests` past their retention |
 //! | [`classify`] | Claude and Codex failure classification, origin, retry-after |
 //! | [`ratelimit`]| rate-limit snapshots from response headers |
 //! | [`sse`]      | the server-sent-events parser the driver reads streams with |
@@ -51,6 +52,7 @@ pub mod outbox;
 pub mod private_file;
 pub mod queue;
 pub mod ratelimit;
+pub mod retention;
 pub mod sqlite_file;
 pub mod sse;
 mod store;
@@ -59,5 +61,5 @@ pub mod threads;
 pub use error::{CoreError, ThreadsError};
 pub use model::*;
 pub use queue::Claim;
-pub use store::{Core, DEFAULT_CONCURRENCY_LIMIT};
+pub use store::{Core, DEFAULT_CLAIM_LEASE_MS, DEFAULT_CONCURRENCY_LIMIT};
 pub use threads::{CONTINUE_INPUT, RecoveryReport};

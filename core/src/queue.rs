@@ -235,16 +235,28 @@ impl Core {
         })
     }
 
-    /// The earliest `send_at` of a row waiting for its time, for the host's due-loop sleep.
-    /// Rows waiting for a slot are not included: they are due already, and become
-    /// claimable when a turn finishes.
+    /// The earliest `send_at` of a row waiting for its time, or the earliest expiry of a
+    /// claim's lease (see [`Core::set_claim_lease`]), whichever comes first: for the host's
+    /// due-loop sleep. Rows waiting for a slot are not included: they are due already, and
+    /// become claimable when a turn finishes.
     pub fn next_due_at(&self) -> Result<Option<Timestamp>, CoreError> {
+        let lease = self.claim_lease_ms();
         self.read(|c| {
-            Ok(c.row(
+            let send: Option<Timestamp> = c.row(
                 "SELECT MIN(send_at) FROM queued_rows WHERE wait_state = 'time'",
                 [],
                 |r| r.get(0),
-            )?)
+            )?;
+            let claimed: Option<Timestamp> = c.row(
+                "SELECT MIN(claimed_at) FROM queued_rows WHERE wait_state = 'claimed'",
+                [],
+                |r| r.get(0),
+            )?;
+            let expiry = claimed.map(|at| at.saturating_add(lease));
+            Ok(match (send, expiry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            })
         })
     }
 
@@ -254,8 +266,15 @@ impl Core {
     /// rows ≤ limit); a due row that meets a full limit is marked waiting-for-slot and
     /// claimed by a later call. The host must then ask `before-dispatch` and answer with
     /// [`Core::dispatch`], [`Core::postpone`] or [`Core::drop_row`].
+    ///
+    /// First, claims older than the lease ([`Core::set_claim_lease`]) are released: a
+    /// verdict that could not be recorded (its `postpone` or `drop` failed) would otherwise
+    /// keep the row claimed, and holding a slot, until a restart. The old claim is void
+    /// from then on, so the row is never dispatched twice.
     pub fn claim_due(&self, now: Timestamp) -> Result<Vec<Claim>, CoreError> {
+        let lease = self.claim_lease_ms();
         self.write(|tx| {
+            release_expired_claims(tx, now, lease)?;
             let limit = store::concurrency_limit(tx)?;
             let mut free = limit.saturating_sub(store::busy_slots(tx)?);
             let due: Vec<LiveRow> = {
@@ -503,6 +522,56 @@ fn dispatch_row(
     start_request(tx, &live.row.thread, &request, now)
 }
 
+/// Releases the claims taken at or before `now - lease`: back to waiting for their time
+/// (they are due, so the same pass claims them again under a new generation), with a
+/// history entry and a warning.
+fn release_expired_claims(
+    tx: &Transaction<'_>,
+    now: Timestamp,
+    lease: u64,
+) -> Result<(), CoreError> {
+    let Some(cutoff) = now.checked_sub(lease) else {
+        return Ok(());
+    };
+    let expired: Vec<LiveRow> = {
+        let mut stmt = tx.prepare_cached(&format!(
+            "SELECT {} FROM queued_rows
+             WHERE wait_state = 'claimed' AND claimed_at <= ?1 ORDER BY id",
+            store::ROW_COLUMNS
+        ))?;
+        stmt.query_map([cutoff], store::live_row_from)?
+            .collect::<Result<_, _>>()?
+    };
+    for live in expired {
+        tx.exec(
+            "UPDATE queued_rows SET wait_state = 'time', claim_gen = claim_gen + 1,
+                    claimed_at = NULL, updated_at = ?2
+             WHERE id = ?1",
+            params![live.row.id, now],
+        )?;
+        store::add_history(
+            tx,
+            now,
+            &live.row.thread,
+            Some(live.row.id),
+            Some(&live.row.original_request),
+            Actor::Core,
+            "claim-expired",
+            Some(live.row.send_at),
+            Some(&format!(
+                "claimed for {lease} ms without a recorded verdict; gated again"
+            )),
+        )?;
+        tracing::warn!(
+            row = live.row.id,
+            thread = %live.row.thread,
+            lease_ms = lease,
+            "a claim outlived its lease (its verdict was not recorded); the row is gated again"
+        );
+    }
+    Ok(())
+}
+
 fn existing_row(tx: &Transaction<'_>, original_request: &str) -> rusqlite::Result<Option<RowId>> {
     use rusqlite::OptionalExtension;
     tx.row(
@@ -535,15 +604,20 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::clock::{Clock, ManualClock};
 
     const T0: Timestamp = 1_790_000_000_000;
     const HOUR: Timestamp = 3_600_000;
 
     /// A core with `n` threads in error, each with one retry row an hour from now.
     fn queue_of(n: usize) -> (Core, std::path::PathBuf) {
+        queue_on(ManualClock::new(T0), n)
+    }
+
+    /// [`queue_of`] on a given clock (at T0).
+    fn queue_on(clock: Arc<ManualClock>, n: usize) -> (Core, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(ids::new_id("pooler-core-queue"));
-        let core = Core::open(&dir, ManualClock::new(T0)).unwrap();
+        let core = Core::open(&dir, clock).unwrap();
         let outcome = TurnOutcome {
             result: TurnResult::Failed {
                 failure: Failure {
@@ -613,5 +687,90 @@ mod tests {
         drop((small, large));
         std::fs::remove_dir_all(small_dir).unwrap();
         std::fs::remove_dir_all(large_dir).unwrap();
+    }
+
+    /// Issue 18, item 8: a verdict whose `postpone` or `drop` fails (a storage error)
+    /// leaves the row claimed, holding a slot. After the claim lease the row is released
+    /// and gated again, the old claim is void, and the row is dispatched exactly once.
+    #[test]
+    fn a_claim_whose_verdict_failed_is_released_after_its_lease_and_dispatched_once() {
+        let clock = ManualClock::new(T0);
+        let (core, dir) = queue_on(clock.clone(), 2);
+        core.set_concurrency_limit(1).unwrap();
+        let lease = 60_000;
+        core.set_claim_lease(std::time::Duration::from_millis(lease))
+            .unwrap();
+        clock.set(T0 + HOUR + 1);
+        let claimed_at = clock.now_ms();
+        let first = core.claim_due(claimed_at).unwrap();
+        assert_eq!(first.len(), 1, "one slot");
+        let (row, thread) = (first[0].row.id, first[0].row.thread.clone());
+
+        // The storage fails the verdict: no send time moves, no row leaves the queue.
+        core.lock()
+            .execute_batch(
+                "CREATE TEMP TRIGGER fail_moves BEFORE UPDATE OF send_at ON queued_rows
+                 BEGIN SELECT RAISE(ABORT, 'injected: disk I/O error'); END;
+                 CREATE TEMP TRIGGER fail_deletes BEFORE DELETE ON queued_rows
+                 BEGIN SELECT RAISE(ABORT, 'injected: disk I/O error'); END;",
+            )
+            .unwrap();
+        let failed = core.postpone(&first[0], T0 + 2 * HOUR, "before-dispatch: wait-until");
+        assert!(matches!(failed, Err(CoreError::Storage(_))), "{failed:?}");
+
+        // Within the lease the row stays claimed and holds the one slot: the other due row
+        // waits. The due loop is told to wake when the lease ends.
+        clock.set(claimed_at + lease - 1);
+        assert!(core.claim_due(clock.now_ms()).unwrap().is_empty());
+        assert_eq!(core.next_due_at().unwrap(), Some(claimed_at + lease));
+
+        // At its end the row is released and claimed again, under a new claim.
+        clock.set(claimed_at + lease);
+        let second = core.claim_due(clock.now_ms()).unwrap();
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].row.id, row, "the oldest due row, gated again");
+        assert_ne!(second[0], first[0]);
+        assert!(matches!(
+            core.dispatch(&first[0]),
+            Err(CoreError::ClaimLost(id)) if id == row
+        ));
+
+        // A failing drop is released the same way.
+        let failed = core.drop_row(&second[0], "before-dispatch: drop");
+        assert!(matches!(failed, Err(CoreError::Storage(_))), "{failed:?}");
+        clock.set(claimed_at + 2 * lease);
+        let third = core.claim_due(clock.now_ms()).unwrap();
+        assert_eq!(third.len(), 1);
+        assert_eq!(third[0].row.id, row);
+
+        // Healed storage: the current claim dispatches, once; the older claims cannot.
+        core.lock()
+            .execute_batch("DROP TRIGGER fail_moves; DROP TRIGGER fail_deletes;")
+            .unwrap();
+        let plan = core.dispatch(&third[0]).unwrap();
+        assert_eq!(plan.attempt, 2);
+        for old in [&first[0], &second[0], &third[0]] {
+            assert!(matches!(core.dispatch(old), Err(CoreError::ClaimLost(_))));
+        }
+        let show = core.show(&thread).unwrap();
+        let attempts: Vec<u32> = show.turns.iter().map(|t| t.attempt).collect();
+        assert_eq!(attempts, [1, 2], "one retry turn, never two");
+        let expired = show
+            .history
+            .iter()
+            .filter(|h| h.action == "claim-expired")
+            .count();
+        assert_eq!(expired, 2, "each release is in the row's history");
+        drop(core);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_zero_claim_lease_is_refused() {
+        let (core, dir) = queue_of(0);
+        assert!(core.set_claim_lease(std::time::Duration::ZERO).is_err());
+        assert_eq!(core.claim_lease_ms(), crate::DEFAULT_CLAIM_LEASE_MS);
+        drop(core);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

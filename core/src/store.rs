@@ -21,6 +21,10 @@ use crate::model::*;
 
 /// The default number of turns the core runs at once.
 pub const DEFAULT_CONCURRENCY_LIMIT: u32 = 4;
+/// How long a due row may stay claimed for its dispatch gate by default: 5 minutes, far
+/// longer than a plugin call may run (its deadline), so only a claim whose verdict could
+/// not be recorded (a failed `postpone` or `drop`) ever reaches it.
+pub const DEFAULT_CLAIM_LEASE_MS: u64 = 5 * 60_000;
 const CONCURRENCY_LIMIT_KEY: &str = "concurrency-limit";
 
 /// The core: threads, turn requests, the retry queue, the outbox. See the crate docs for
@@ -31,6 +35,8 @@ pub struct Core {
     path: PathBuf,
     /// Commits made by [`Core::write_durable`] (synced one by one).
     durable_commits: AtomicU64,
+    /// How long a claim holds its row (milliseconds); see [`Core::set_claim_lease`].
+    claim_lease_ms: AtomicU64,
 }
 
 impl std::fmt::Debug for Core {
@@ -49,6 +55,7 @@ impl Core {
             clock,
             path,
             durable_commits: AtomicU64::new(0),
+            claim_lease_ms: AtomicU64::new(DEFAULT_CLAIM_LEASE_MS),
         })
     }
 
@@ -106,6 +113,28 @@ impl Core {
             self.durable_commits.fetch_add(1, Ordering::Relaxed);
         }
         out
+    }
+
+    /// How long a due row stays claimed at most (default [`DEFAULT_CLAIM_LEASE_MS`]). A
+    /// claim older than this is released by the next [`Core::claim_due`]: its generation is
+    /// bumped, so the old claim can no longer dispatch, postpone or drop the row, and the
+    /// row is gated again. It must be longer than a gate may take (the retry plugin's call
+    /// deadline), or a slow gate's verdict is voided (never carried out twice: only the
+    /// current claim can dispatch). Zero is refused.
+    pub fn set_claim_lease(&self, lease: std::time::Duration) -> Result<(), CoreError> {
+        let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 {
+            return Err(CoreError::InvalidArgument(
+                "the claim lease must be positive".into(),
+            ));
+        }
+        self.claim_lease_ms.store(ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The claim lease in milliseconds (see [`Core::set_claim_lease`]).
+    pub fn claim_lease_ms(&self) -> u64 {
+        self.claim_lease_ms.load(Ordering::Relaxed)
     }
 
     /// How many commits [`Core::write_durable`] made since the core was opened.

@@ -21,6 +21,14 @@
 //! concurrency-limit = 4           # turns at once; stored in the core database
 //! retry-tick-s = 10               # Provider Retry's on-tick interval (0: never)
 //! turn-idle-timeout-s = 300       # silence after which a running turn fails
+//! claim-lease-s = 300             # a due row whose verdict was not recorded is gated again
+//!
+//! [core.retention]                # what the core keeps once it is no longer needed (0: forever)
+//! history-days = 30               # queue history (a chain with a live row keeps its own)
+//! outbox-days = 7                 # events every subscriber acknowledged
+//! turn-days = 90                  # finished turns not part of a live conversation
+//! prune-interval-s = 60           # host-clock seconds between prune ticks (0: never prune)
+//! prune-batch = 500               # most rows per table one tick deletes
 //!
 //! [agents]
 //! claude-code = "/usr/local/bin/claude"   # else $POOLER_CLAUDE_CODE_BIN, else `claude` on PATH
@@ -99,6 +107,16 @@ pub struct CoreConfig {
     /// Seconds of silence (no response head, no stream bytes) after which a turn fails.
     #[serde(default = "default_turn_idle_timeout_s")]
     pub turn_idle_timeout_s: u64,
+    /// Seconds of host-clock time a due row may stay claimed for its dispatch gate. A
+    /// verdict the core could not record (a failed postpone or drop) leaves the row claimed;
+    /// after this long it is released and gated again (never dispatched twice). At least
+    /// twice the provider-retry plugin's `deadline-ms` is used whatever is set here, so a
+    /// gate still running never loses its claim ([`Config::claim_lease`]).
+    #[serde(default = "default_claim_lease_s")]
+    pub claim_lease_s: u64,
+    /// `[core.retention]`: how long the core keeps what it no longer needs.
+    #[serde(default)]
+    pub retention: RetentionConfig,
 }
 
 impl Default for CoreConfig {
@@ -107,8 +125,80 @@ impl Default for CoreConfig {
             concurrency_limit: None,
             retry_tick_s: default_interval_s(),
             turn_idle_timeout_s: default_turn_idle_timeout_s(),
+            claim_lease_s: default_claim_lease_s(),
+            retention: RetentionConfig::default(),
         }
     }
+}
+
+fn default_claim_lease_s() -> u64 {
+    pooler_core::DEFAULT_CLAIM_LEASE_MS / 1000
+}
+
+/// `[core.retention]`: the core's prune tick (see `pooler_core::retention`). Each `*-days`
+/// of 0 keeps that table forever; what is still needed (an undelivered event, the history
+/// of a chain with a live row, a thread's conversation and latest turn) is never pruned.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RetentionConfig {
+    /// Days the retry queue's history is kept.
+    #[serde(default = "default_history_days")]
+    pub history_days: u64,
+    /// Days an outbox event is kept after it was written, once every subscriber
+    /// acknowledged it.
+    #[serde(default = "default_outbox_days")]
+    pub outbox_days: u64,
+    /// Days a finished turn request no longer needed is kept.
+    #[serde(default = "default_turn_days")]
+    pub turn_days: u64,
+    /// Host-clock seconds between prune ticks (0: never prune).
+    #[serde(default = "default_prune_interval_s")]
+    pub prune_interval_s: u64,
+    /// The most rows of each table one tick deletes (at least 1).
+    #[serde(default = "default_prune_batch")]
+    pub prune_batch: usize,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            history_days: default_history_days(),
+            outbox_days: default_outbox_days(),
+            turn_days: default_turn_days(),
+            prune_interval_s: default_prune_interval_s(),
+            prune_batch: default_prune_batch(),
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The core's retention settings.
+    pub fn retention(&self) -> pooler_core::retention::Retention {
+        let days =
+            |d: u64| (d > 0).then(|| std::time::Duration::from_secs(d.saturating_mul(86_400)));
+        pooler_core::retention::Retention {
+            history: days(self.history_days),
+            outbox: days(self.outbox_days),
+            turns: days(self.turn_days),
+            batch: self.prune_batch.max(1),
+        }
+    }
+}
+
+fn default_history_days() -> u64 {
+    30
+}
+fn default_outbox_days() -> u64 {
+    7
+}
+fn default_turn_days() -> u64 {
+    90
+}
+fn default_prune_interval_s() -> u64 {
+    60
+}
+fn default_prune_batch() -> usize {
+    pooler_core::retention::DEFAULT_PRUNE_BATCH
 }
 
 fn default_turn_idle_timeout_s() -> u64 {
@@ -292,6 +382,18 @@ impl Config {
         self.plugins.get(role.name()).cloned().unwrap_or_default()
     }
 
+    /// The claim lease the core uses: `core.claim-lease-s`, but at least twice the
+    /// provider-retry plugin's deadline (its `before-dispatch` is what a claim waits for).
+    pub fn claim_lease(&self) -> std::time::Duration {
+        let configured = std::time::Duration::from_secs(self.core.claim_lease_s);
+        let gate = std::time::Duration::from_millis(
+            self.plugin(Role::ProviderRetry)
+                .deadline_ms
+                .saturating_mul(2),
+        );
+        configured.max(gate)
+    }
+
     /// The hosts `role` may reach per the configuration (before any admin grant).
     pub fn allowed_hosts(&self, role: Role) -> Vec<String> {
         match self.plugin(role).allowed_hosts {
@@ -328,6 +430,12 @@ impl Config {
         }
         if self.core.concurrency_limit == Some(0) {
             bail!("core.concurrency-limit must be at least 1");
+        }
+        if self.core.retention.prune_batch == 0 {
+            bail!("core.retention.prune-batch must be at least 1");
+        }
+        if self.core.claim_lease_s == 0 {
+            bail!("core.claim-lease-s must be positive");
         }
         if self.core.turn_idle_timeout_s == 0 {
             bail!("core.turn-idle-timeout-s must be positive");
@@ -425,6 +533,38 @@ mod tests {
                 err.to_string().contains("agents") || err.to_string().contains("claud"),
                 "{bad}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn retention_and_the_claim_lease_have_defaults_and_are_checked() {
+        let config = Config::parse("").unwrap();
+        let retention = config.core.retention.retention();
+        assert_eq!(retention, pooler_core::retention::Retention::default());
+        assert_eq!(config.core.retention.prune_interval_s, 60);
+        assert_eq!(config.claim_lease(), std::time::Duration::from_secs(300));
+
+        let config = Config::parse(
+            "[core]\nclaim-lease-s = 1\n[core.retention]\nhistory-days = 0\noutbox-days = 2\nprune-batch = 7\n",
+        )
+        .unwrap();
+        let retention = config.core.retention.retention();
+        assert_eq!(retention.history, None, "0 keeps forever");
+        assert_eq!(
+            retention.outbox,
+            Some(std::time::Duration::from_secs(2 * 86_400))
+        );
+        assert_eq!(retention.batch, 7);
+        // A lease shorter than the gate's deadline would void a running gate's claim.
+        assert_eq!(config.claim_lease(), std::time::Duration::from_secs(20));
+
+        for (toml, key) in [
+            ("[core]\nclaim-lease-s = 0\n", "claim-lease-s"),
+            ("[core.retention]\nprune-batch = 0\n", "prune-batch"),
+            ("[core.retention]\nhistory-day = 3\n", "history-day"),
+        ] {
+            let err = Config::parse(toml).unwrap_err();
+            assert!(format!("{err:#}").contains(key), "{toml}: {err:#}");
         }
     }
 

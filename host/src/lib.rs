@@ -42,6 +42,7 @@ pub mod bindings;
 pub mod cli;
 pub mod config;
 pub mod core_link;
+pub mod data_lock;
 pub mod embedded;
 pub mod engine;
 pub mod imports;

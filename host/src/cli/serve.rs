@@ -1,7 +1,8 @@
 //! `pooler serve`: load the plugins, serve the pool's HTTP endpoint and the admin API, run
 //! the maintenance tick, and stop cleanly on SIGINT/SIGTERM. While it serves, the data
 //! directory holds `server.json` (where it listens, its pid; 0600), which the other commands
-//! read to find it; a clean exit removes it.
+//! read to find it; a clean exit removes it. It also holds the lock on `DATA_DIR/lock`
+//! ([`crate::data_lock`]): a second server on the same directory is refused.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use anyhow::Context;
 use super::client::ServerFile;
 use crate::config::Config;
 use crate::core_link::{CoreLink, CoreOptions};
+use crate::data_lock::DataDirLock;
 use crate::runtime::{Host, HostOptions};
 use crate::server::Server;
 use crate::wire::ADMIN_TOKEN_FILE;
@@ -24,7 +26,15 @@ use crate::wire::ADMIN_TOKEN_FILE;
     POOLER_DATA_DIR=/tmp/pooler pooler serve --listen 127.0.0.1:0   # any free port\n  \
     pooler serve --log-format json --log-level debug   # for a log collector\n\n\
     Metrics: GET /metrics on the listen address, in the Prometheus text format, with \
-    `Authorization: Bearer <token>` (the admin token file).")]
+    `Authorization: Bearer <token>` (the admin token file).\n\n\
+    One server per data directory: it holds DATA_DIR/lock while it runs, and a second \
+    `pooler serve` on the same directory exits with status 1, naming the running one's pid \
+    and address. The lock dies with the process, even on SIGKILL.\n\n\
+    Retention ([core.retention] in the configuration; 0 days keeps forever): history-days \
+    = 30, outbox-days = 7 (acknowledged events), turn-days = 90 (finished turns no thread \
+    still needs), pruned every prune-interval-s = 60, at most prune-batch = 500 rows per \
+    table per tick. [core] claim-lease-s = 300: a due row whose verdict could not be \
+    recorded is gated again after this long.")]
 pub struct ServeArgs {
     /// Configuration file (TOML). Without it the defaults apply.
     #[arg(long, value_name = "FILE")]
@@ -64,6 +74,9 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let data_dir = super::data_dir(args.data_dir)?;
     pooler_core::private_file::create_private_dir(&data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    // Before anything else touches the directory: a second server must not run recovery
+    // against this one's live turns nor replace its admin token.
+    let mut lock = DataDirLock::acquire(&data_dir)?;
     let listen = config.server.listen;
     let compile_cache = super::compile_cache_dir(
         args.compile_cache,
@@ -93,6 +106,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let addr = server.local_addr()?;
     let server_file = ServerFile::new(addr);
     server_file.write(&data_dir)?;
+    lock.set_url(&server_file.url)?;
     println!("pooler listening on http://{addr}");
     println!("data directory: {}", data_dir.display());
     println!("admin token: {}", data_dir.join(ADMIN_TOKEN_FILE).display());
@@ -111,6 +125,8 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     core.shutdown().await;
     // Only our own file: another server may have started on this data directory since.
     server_file.remove_if_ours(&data_dir);
+    // Released last, after every write to the directory.
+    drop(lock);
     result?;
     tracing::info!("stopped");
     Ok(())

@@ -28,6 +28,9 @@ pub(crate) struct Activity {
     pub(super) tick_busy: bool,
     /// When the next `on-tick` is due.
     pub(super) tick_next: Option<Timestamp>,
+    pub(super) prune_busy: bool,
+    /// When the next prune tick is due.
+    pub(super) prune_next: Option<Timestamp>,
     /// Turn tasks running in this process.
     pub(super) turns: usize,
     /// Loop tasks still running (they end after `closed`).
@@ -47,10 +50,12 @@ impl Activity {
             && !self.outbox_dirty
             && !self.outbox_busy
             && !self.tick_busy
+            && !self.prune_busy
             && self.turns == 0
             && later(self.due_next)
             && later(self.outbox_next)
             && later(self.tick_next)
+            && later(self.prune_next)
     }
 }
 
@@ -287,6 +292,61 @@ pub(super) async fn tick_loop(inner: Arc<Inner>) {
     }
 }
 
+/// The core's retention: one [`pooler_core::Core::prune`] every prune interval of host
+/// time, from one interval after start. A tick that found more than one batch runs the
+/// next at once (after yielding), so a backlog drains in batches without holding the core's
+/// connection for long.
+pub(super) async fn prune_loop(inner: Arc<Inner>) {
+    let step = u64::try_from(inner.options.prune_interval.as_millis()).unwrap_or(u64::MAX);
+    let mut rx = inner.signals.subscribe();
+    if step == 0 || !wait_until(&mut rx, |a| a.started).await {
+        return;
+    }
+    let clock = inner.core.clock().clone();
+    let mut next = clock.now_ms().saturating_add(step);
+    loop {
+        inner.signals.modify(|a| a.prune_next = Some(next));
+        tokio::select! {
+            _ = clock.sleep_until(next) => {}
+            _ = closed(inner.signals.subscribe()) => return,
+        }
+        if inner.signals.is_closed() {
+            return;
+        }
+        inner.signals.modify(|a| a.prune_busy = true);
+        let now = clock.now_ms();
+        let more = match inner.core.prune(now, &inner.options.retention) {
+            Ok(pruned) => {
+                if pruned.total() > 0 {
+                    tracing::info!(
+                        history = pruned.history,
+                        outbox = pruned.outbox,
+                        turns = pruned.turns,
+                        "pruned core rows past their retention"
+                    );
+                }
+                pruned.more
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot prune the core database; trying at the next tick");
+                false
+            }
+        };
+        if more {
+            // Armed for now, in the same step that clears busy: `settled` waits for it.
+            inner.signals.modify(|a| {
+                a.prune_busy = false;
+                a.prune_next = Some(now);
+            });
+            tokio::task::yield_now().await;
+            next = now;
+            continue;
+        }
+        inner.signals.modify(|a| a.prune_busy = false);
+        next = next.saturating_add(step).max(now.saturating_add(1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +360,7 @@ mod tests {
         a.due_next = Some(now + 1);
         a.outbox_next = Some(now + 1);
         a.tick_next = Some(now + 1);
+        a.prune_next = Some(now + 1);
         assert!(a.idle_at(now));
         for set in [
             |a: &mut Activity| a.due_dirty = true,
@@ -311,6 +372,8 @@ mod tests {
             |a: &mut Activity| a.due_next = Some(1_000),
             |a: &mut Activity| a.outbox_next = Some(999),
             |a: &mut Activity| a.tick_next = Some(1_000),
+            |a: &mut Activity| a.prune_busy = true,
+            |a: &mut Activity| a.prune_next = Some(1_000),
         ] {
             let mut b = a.clone();
             set(&mut b);

@@ -52,6 +52,11 @@
 //!   The first redelivery is immediate, later ones wait 2, 4, … up to 60 s of host time; a
 //!   restart redelivers everything pending at once.
 //! - **Tick loop**: `scheduler.on-tick(now)` every `retry-tick` of host time after start.
+//! - **Prune loop**: the core's retention ([`pooler_core::Core::prune`]) every
+//!   `[core.retention] prune-interval-s` of host time after start, one batch per table per
+//!   tick (the next tick comes at once while a table has more).
+//! - A claim whose verdict could not be recorded is released by the due loop once its
+//!   lease (`[core] claim-lease-s`) ends: the core's next due time includes it.
 //!
 //! Calls into the provider-retry plugin are serialised by the runtime (one at a time), so
 //! the loops never call it concurrently. Route tokens are secrets: they are stored in the
@@ -83,7 +88,7 @@ pub use options::{AgentOptions, CoreOptions};
 use crate::imports::threads::ThreadsService;
 use crate::roles::Role;
 use crate::runtime::{Host, Shared};
-use loops::{Activity, Signals, due_loop, outbox_loop, spawn_loop, tick_loop};
+use loops::{Activity, Signals, due_loop, outbox_loop, prune_loop, spawn_loop, tick_loop};
 use turns::StopHandle;
 
 /// The outbox subscriber name of the provider-retry role (its delivery state survives a
@@ -177,6 +182,8 @@ impl CoreLink {
                 "core recovered after an unclean stop"
             );
         }
+        core.set_claim_lease(options.claim_lease)
+            .map_err(|e| anyhow::anyhow!("cannot set the claim lease: {e}"))?;
         if let Some(limit) = options.concurrency_limit {
             core.set_concurrency_limit(limit)
                 .map_err(|e| anyhow::anyhow!("cannot store the concurrency limit: {e}"))?;
@@ -220,6 +227,7 @@ impl CoreLink {
         spawn_loop(&link.inner, due_loop(link.inner.clone()));
         spawn_loop(&link.inner, outbox_loop(link.inner.clone()));
         spawn_loop(&link.inner, tick_loop(link.inner.clone()));
+        spawn_loop(&link.inner, prune_loop(link.inner.clone()));
         Ok(link)
     }
 

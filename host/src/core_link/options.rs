@@ -1,5 +1,5 @@
 //! How the link runs: [`CoreOptions`] (the retry tick, the concurrency limit, the turn
-//! driver) and [`AgentOptions`] (where the agent CLIs are and how long a turn may run), from
+//! driver, the claim lease, retention) and [`AgentOptions`] (where the agent CLIs are and how long a turn may run), from
 //! the host configuration's `[core]` and `[agents]` tables.
 
 use std::path::{Path, PathBuf};
@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use pooler_core::agent::{AgentLimits, Cli};
 use pooler_core::driver::DriverConfig;
+use pooler_core::retention::Retention;
 
 use crate::config::{AgentsConfig, CoreConfig};
 
@@ -21,6 +22,12 @@ pub struct CoreOptions {
     pub driver: DriverConfig,
     /// The agent CLIs of agent threads.
     pub agents: AgentOptions,
+    /// How long a due row may stay claimed ([`pooler_core::Core::set_claim_lease`]).
+    pub claim_lease: Duration,
+    /// What the prune tick deletes ([`pooler_core::Core::prune`]).
+    pub retention: Retention,
+    /// Host time between prune ticks (zero: never).
+    pub prune_interval: Duration,
 }
 
 /// Where the agent CLIs are and how long a turn may run.
@@ -103,13 +110,18 @@ impl CoreOptions {
                 ..DriverConfig::default()
             },
             agents: AgentOptions::default(),
+            claim_lease: Duration::from_secs(config.claim_lease_s.max(1)),
+            retention: config.retention.retention(),
+            prune_interval: Duration::from_secs(config.retention.prune_interval_s),
         }
     }
 
-    /// [`CoreOptions::from_config`] plus the `[agents]` table.
+    /// [`CoreOptions::from_config`] plus the `[agents]` table and the plugins' deadlines
+    /// (the claim lease outlasts the retry plugin's gate).
     pub fn from_host_config(config: &crate::config::Config) -> Self {
         CoreOptions {
             agents: AgentOptions::from_config(&config.agents),
+            claim_lease: config.claim_lease(),
             ..CoreOptions::from_config(&config.core)
         }
     }
