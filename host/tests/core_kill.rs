@@ -143,6 +143,7 @@ fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_afte
     );
     assert_eq!(turns.len(), 1, "not dispatched yet");
     let stopped = first.kill();
+    support::integrity_check(&data);
     assert_eq!(
         core_state(&data, &thread).0.as_deref(),
         Some("claimed"),
