@@ -95,7 +95,15 @@ pub struct Invocation {
     /// Removed from the child's environment (credentials that would override the route).
     pub env_remove: Vec<String>,
     pub cwd: PathBuf,
+    /// Where the running process group is noted ([`GROUP_NOTES`]), so that a host killed
+    /// outright, whose drop code never ran, kills the group at its next start
+    /// ([`kill_left_behind`]). `None`: not noted.
+    pub group_notes: Option<PathBuf>,
 }
+
+/// The directory, under the data directory, where each running agent's process group is
+/// noted: one file per group, named by its id, holding the group leader's start time.
+pub const GROUP_NOTES: &str = "agents";
 
 /// The command line of `plan`'s turn for an agent CLI at `program`, sending through
 /// `route` (base URL of the host's listener, the thread's route token), in `cwd`.
@@ -175,6 +183,7 @@ pub fn invocation(
         env,
         env_remove,
         cwd: cwd.to_owned(),
+        group_notes: None,
     }
 }
 
@@ -294,8 +303,8 @@ pub struct Run {
 
 /// Kills a process group when dropped: the agent and anything it started (the Codex npm
 /// wrapper's native child, a tool's subprocess) end with the turn, however the turn ends
-/// (time limit, the thread archived, the host stopping).
-struct GroupGuard(Option<i32>);
+/// (time limit, the thread archived, the host stopping). Its note (if any) goes with it.
+struct GroupGuard(Option<i32>, Option<PathBuf>);
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
@@ -305,7 +314,65 @@ impl Drop for GroupGuard {
                 libc::killpg(pgid, libc::SIGKILL);
             }
         }
+        if let Some(note) = self.1.take() {
+            let _ = std::fs::remove_file(note);
+        }
     }
+}
+
+/// The start time of process `pid` (clock ticks since boot, field 22 of `/proc/PID/stat`),
+/// which tells a process from a later one that reused its id. `None` off Linux, or when
+/// the process is gone.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Notes the running group `pgid` in `dir` (0700; the note 0600): its leader's start time.
+fn note_group(dir: &Path, pgid: i32) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+    crate::private_file::create_private_dir(dir)?;
+    let path = dir.join(pgid.to_string());
+    let started = start_time(pgid).map(|t| t.to_string()).unwrap_or_default();
+    let mut file =
+        crate::private_file::create_private_file(&path, crate::private_file::Existing::Truncate)?;
+    file.write_all(started.as_bytes())?;
+    Ok(path)
+}
+
+/// Kills the agent process groups a previous run of the host noted in `dir` and left
+/// running (it was killed outright, so no [`GroupGuard`] ran): each group whose leader is
+/// still the process noted (same id, same start time) gets SIGKILL; every note is removed.
+/// Returns the groups killed. A process that merely reused a noted id is left alone.
+pub fn kill_left_behind(dir: &Path) -> std::io::Result<Vec<i32>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut killed = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        let noted = std::fs::read_to_string(&path).unwrap_or_default();
+        let pgid = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<i32>().ok())
+            .filter(|p| *p > 1);
+        if let Some(pgid) = pgid
+            && let Some(now) = start_time(pgid)
+            && noted.trim().parse::<u64>().ok() == Some(now)
+        {
+            // SAFETY: killpg only sends a signal, to the group checked above.
+            if unsafe { libc::killpg(pgid, libc::SIGKILL) } == 0 {
+                killed.push(pgid);
+            }
+        }
+        std::fs::remove_file(&path)?;
+    }
+    Ok(killed)
 }
 
 /// Reads `reader` line by line into `on_line`. A line longer than `max` bytes is read
@@ -367,7 +434,14 @@ pub async fn run(inv: &Invocation, cli: Cli, limits: &AgentLimits) -> std::io::R
         command.env(name, value);
     }
     let mut child = command.spawn()?;
-    let _group = GroupGuard(child.id().and_then(|id| i32::try_from(id).ok()));
+    let pgid = child.id().and_then(|id| i32::try_from(id).ok());
+    let mut group = GroupGuard(pgid, None);
+    // Noted before the turn goes on: a host killed from here on leaves the note behind
+    // (and a note that cannot be written ends the turn, its group killed).
+    if let (Some(pgid), Some(dir)) = (pgid, &inv.group_notes) {
+        group.1 = Some(note_group(dir, pgid)?);
+    }
+
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let max = limits.max_line_bytes;
@@ -931,6 +1005,7 @@ mod tests {
             env: Vec::new(),
             env_remove: Vec::new(),
             cwd: dir.clone(),
+            group_notes: None,
         };
         let run = run(&echo, Cli::ClaudeCode, &AgentLimits::default())
             .await
@@ -951,6 +1026,7 @@ mod tests {
             env: Vec::new(),
             env_remove: Vec::new(),
             cwd: dir,
+            group_notes: None,
         };
         let limits = AgentLimits {
             time_limit: Duration::from_millis(300),
@@ -1107,5 +1183,42 @@ mod tests {
                 assert_eq!(report.ok, name.contains("success"), "{name}");
             }
         }
+    }
+
+    /// What a host killed outright leaves: agent groups noted and still running. The next
+    /// start kills a noted group whose leader is the process noted, and leaves alone a
+    /// process whose start time differs (an id reused since); every note is removed.
+    #[test]
+    fn groups_a_killed_host_left_running_are_killed_and_reused_ids_are_not() {
+        use std::os::unix::process::CommandExt;
+        let notes = std::env::temp_dir()
+            .join(crate::ids::new_id("pooler-agent-notes"))
+            .join(GROUP_NOTES);
+        let spawn = || {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let (mut left, mut other) = (spawn(), spawn());
+        let left_id = left.id() as i32;
+        note_group(&notes, left_id).unwrap();
+        // A note whose process has another start time: the id was reused.
+        std::fs::write(notes.join(other.id().to_string()), "1").unwrap();
+        assert_eq!(kill_left_behind(&notes).unwrap(), [left_id]);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(left.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(other.try_wait().unwrap().is_none(), "not the noted process");
+        assert_eq!(
+            std::fs::read_dir(&notes).unwrap().count(),
+            0,
+            "notes removed"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+        std::fs::remove_dir_all(notes.parent().unwrap()).unwrap();
+        // Nothing noted: nothing to do.
+        assert!(kill_left_behind(&notes).unwrap().is_empty());
     }
 }

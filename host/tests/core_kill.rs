@@ -6,76 +6,24 @@
 //! The process runs on the real clock, so this test polls the databases (with a limit)
 //! instead of moving a manual clock.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pooler_core::clock::{Clock, SystemClock};
 use pooler_core::{
     Core, Failure, FailureCategory, FailureOrigin, Provider, Route, TurnOutcome, TurnResult,
 };
-use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use rusqlite::OptionalExtension;
+use support::{Served, read_only};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// Poll `check` until it returns `Some`, at most [`LIMIT`].
-fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(started.elapsed() < LIMIT, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
-/// A `pooler serve` child process.
-struct Served(Child);
-
-impl Served {
-    fn start(config: &Path, data: &Path) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .arg("--data-dir")
-            .arg(data)
-            .env_remove("POOLER_DATA_DIR")
-            // The tests' shared compile cache, not the user's.
-            .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start pooler serve");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().expect("a first line").expect("stdout");
-        assert!(first.starts_with("pooler listening on "), "{first}");
-        // Keep reading so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Served(child)
-    }
-
-    /// SIGKILL: no shutdown code runs.
-    fn kill(mut self) {
-        self.0.kill().expect("kill pooler");
-        self.0.wait().expect("reap pooler");
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn read_only(path: &Path) -> Connection {
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-    conn.busy_timeout(Duration::from_secs(5)).unwrap();
-    conn
+fn eventually<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    support::eventually(what, LIMIT, check)
 }
 
 fn fixture_dir(data: &Path) -> PathBuf {
@@ -177,18 +125,13 @@ fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_afte
         )
         .unwrap();
     }
-    let config = dir.path().join("pooler.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[plugins.provider-retry]\ncomponent = {:?}\ndeadline-ms = 600000\n\n[maintenance]\ninterval-s = 0\n",
-            pooler_tests::fixtures::RETRY
-        ),
-    )
-    .unwrap();
+    let config = format!(
+        "[plugins.provider-retry]\ncomponent = {:?}\ndeadline-ms = 600000\n\n[maintenance]\ninterval-s = 0\n",
+        pooler_tests::fixtures::RETRY
+    );
 
     // Run 1: the row is claimed and its gate hangs; the process is killed right there.
-    let first = Served::start(&config, &data);
+    let first = Served::start_in(dir, &config);
     eventually("the gate to be asked", || {
         (fixture_key(&data, "verdict").as_deref() == Some("proceed")).then_some(())
     });
@@ -199,7 +142,8 @@ fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_afte
         "claimed while its gate runs"
     );
     assert_eq!(turns.len(), 1, "not dispatched yet");
-    first.kill();
+    let stopped = first.kill();
+    support::integrity_check(&data);
     assert_eq!(
         core_state(&data, &thread).0.as_deref(),
         Some("claimed"),
@@ -207,7 +151,7 @@ fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_afte
     );
 
     // Run 2: the claim is released, the row gated again and dispatched once.
-    let second = Served::start(&config, &data);
+    let second = stopped.restart();
     let turns = eventually("the retry to finish", || {
         let (row, turns) = core_state(&data, &thread);
         (row.is_none() && turns.len() == 2 && turns[1].1.is_some()).then_some(turns)
@@ -220,7 +164,9 @@ fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_afte
         fixture_key(&data, "calls").as_deref(),
         Some("start\ncheck\nstart\ncheck")
     );
-    drop(second);
+    // The directory stays while the data is read below.
+    let _stopped = second.kill();
+    support::integrity_check(&data);
 
     // What the core recorded: released after the crash, dispatched once; the retry went
     // through the listener and the pool refused the unknown token itself.

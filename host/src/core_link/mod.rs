@@ -172,6 +172,20 @@ impl CoreLink {
     ) -> anyhow::Result<CoreLink> {
         let core = Core::open(data_dir, clock.clone())
             .map_err(|e| anyhow::anyhow!("cannot open the core database: {e}"))?;
+        // Agents a killed run left running would go on beside the retries of their turns.
+        let notes = data_dir.join(pooler_core::agent::GROUP_NOTES);
+        match pooler_core::agent::kill_left_behind(&notes) {
+            Ok(killed) if !killed.is_empty() => tracing::warn!(
+                process_groups = ?killed,
+                "killed agent processes a previous run left running"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                dir = %notes.display(),
+                error = %e,
+                "cannot read the notes of agent processes a previous run left"
+            ),
+        }
         let report = core
             .recover()
             .map_err(|e| anyhow::anyhow!("cannot recover the core database: {e}"))?;

@@ -150,8 +150,10 @@ impl Inner {
         // A first Claude Code turn names its session: the thread's own session id.
         let new_session = (cli == Cli::ClaudeCode && plan.agent_session.is_none())
             .then(|| plan.session_id.clone());
-        let invocation =
+        let mut invocation =
             agent::invocation(cli, plan, &route, &program, &cwd, new_session.as_deref());
+        // Noted while it runs, so the next start kills it if this process is killed outright.
+        invocation.group_notes = Some(host.data_dir().join(agent::GROUP_NOTES));
         let tap = host.taps().watch(&route.token, plan.provider);
         let ran = tokio::select! {
             ran = agent::run(&invocation, cli, &self.options.agents.limits) => Ok(ran),

@@ -21,13 +21,39 @@ pub fn text(bytes: &[u8]) -> String {
 /// A running `pooler serve`; killed when dropped.
 pub struct Served {
     child: Child,
-    _dir: tempfile::TempDir,
+    /// Its directory (the configuration, the data directory, `serve.log`); `None` once
+    /// [`Served::kill`] handed it to a [`Stopped`].
+    dir: Option<tempfile::TempDir>,
+    config: PathBuf,
     /// Its data directory.
     pub data: PathBuf,
     /// Where it listens (`http://127.0.0.1:PORT`).
     pub url: String,
     /// Strings no command may ever print (secrets).
     secrets: Vec<String>,
+}
+
+/// A `pooler serve` killed by [`Served::kill`]: its directory, kept for a restart.
+pub struct Stopped {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    /// Its data directory.
+    pub data: PathBuf,
+    secrets: Vec<String>,
+}
+
+impl Stopped {
+    /// Start `pooler serve` again on the same configuration and data directory.
+    pub fn restart(self) -> Served {
+        let mut served = Served::launch(self.dir, self.config);
+        served.secrets = self.secrets;
+        served
+    }
+
+    /// The directory the configuration and the data directory are in.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
 }
 
 impl Served {
@@ -37,14 +63,28 @@ impl Served {
 
     /// [`Served::start`] with more configuration text (other tables).
     pub fn start_with(config_extra: &str) -> Served {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let config = dir.path().join("pooler.toml");
-        std::fs::write(
-            &config,
-            format!("[plugins.account-pool]\ncomponent = \"embedded\"\n{config_extra}\n"),
+        Served::start_in(
+            tempfile::tempdir().unwrap(),
+            &format!("[plugins.account-pool]\ncomponent = \"embedded\"\n{config_extra}\n"),
         )
-        .unwrap();
+    }
+
+    /// `pooler serve` with exactly `config` as its configuration file, in `dir`: the data
+    /// directory is `dir/data` (a test may have prepared it), standard error goes to
+    /// `dir/serve.log`.
+    pub fn start_in(dir: tempfile::TempDir, config: &str) -> Served {
+        let path = dir.path().join("pooler.toml");
+        std::fs::write(&path, config).unwrap();
+        Served::launch(dir, path)
+    }
+
+    fn launch(dir: tempfile::TempDir, config: PathBuf) -> Served {
+        let data = dir.path().join("data");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("serve.log"))
+            .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config)
@@ -54,11 +94,17 @@ impl Served {
             // The tests' shared compile cache, not the user's.
             .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
+        let first = match lines.next() {
+            Some(Ok(line)) => line,
+            _ => panic!(
+                "pooler serve printed nothing; its log:\n{}",
+                std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
+            ),
+        };
         let url = first
             .strip_prefix("pooler listening on ")
             .unwrap_or_else(|| panic!("unexpected first line: {first}"))
@@ -69,10 +115,38 @@ impl Served {
         std::thread::spawn(move || for _ in lines {});
         Served {
             child,
-            _dir: dir,
+            dir: Some(dir),
+            config,
             data,
             url,
             secrets: Vec::new(),
+        }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the server wrote to standard error so far (all its runs in this directory).
+    pub fn log(&self) -> String {
+        let dir = self
+            .dir
+            .as_ref()
+            .expect("a running server has its directory");
+        std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL: no shutdown code runs, nothing is flushed; the process is reaped. The
+    /// directory stays, for [`Stopped::restart`].
+    pub fn kill(mut self) -> Stopped {
+        self.child.kill().expect("kill pooler serve");
+        self.child.wait().expect("reap pooler serve");
+        Stopped {
+            dir: self.dir.take().expect("not killed before"),
+            config: self.config.clone(),
+            data: self.data.clone(),
+            secrets: std::mem::take(&mut self.secrets),
         }
     }
 
@@ -377,4 +451,74 @@ pub fn rate_limited_claude() -> (String, std::sync::Arc<std::sync::atomic::Atomi
         }
     });
     (url, limited)
+}
+
+/// Every SQLite database under `data` (the core's `core.sqlite3` and each plugin's, under
+/// `plugins/ROLE/`), each checked with `PRAGMA integrity_check` (which must answer `ok`)
+/// and `PRAGMA foreign_key_check` (which must find nothing). Opening a database replays its
+/// write-ahead log, as the next start would. The files checked, sorted.
+pub fn integrity_check(data: &std::path::Path) -> Vec<PathBuf> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "sqlite3") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(data, &mut files);
+    files.sort();
+    for file in &files {
+        let conn = rusqlite::Connection::open(file).unwrap();
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        let verdict: Vec<String> = conn
+            .prepare("PRAGMA integrity_check")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(verdict, ["ok"], "integrity_check of {}", file.display());
+        let dangling: usize = conn
+            .prepare("PRAGMA foreign_key_check")
+            .unwrap()
+            .query_map([], |_| Ok(()))
+            .unwrap()
+            .count();
+        assert_eq!(dangling, 0, "foreign_key_check of {}", file.display());
+    }
+    files
+}
+
+/// The file names (relative to `data`) of [`integrity_check`]'s answer, for assertions.
+pub fn relative(data: &std::path::Path, files: &[PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .map(|f| f.strip_prefix(data).unwrap().display().to_string())
+        .collect()
+}
+
+/// Poll `check` until it returns `Some`, at most `limit` (the server runs on the real
+/// clock; this waits for a real process, never for a timer).
+pub fn eventually<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A read-only connection to a database of a (running or killed) server.
+pub fn read_only(path: &std::path::Path) -> rusqlite::Connection {
+    let conn =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn
 }
