@@ -117,6 +117,10 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             None => println!("plugin {role}: none"),
         }
     }
+    // Before the first request: the pool drops what the calls of a server that stopped
+    // held (its OAuth refresh leases). Safe because the lock above makes this server the
+    // directory's only one.
+    host.start_pool().await;
     let maintenance = tokio::spawn(host.clone().run_maintenance(interval));
     let result = server.run(shutdown_signal()).await;
     maintenance.abort();

@@ -402,6 +402,13 @@ impl routing::Guest for Component {
 }
 
 impl maintenance::Guest for Component {
+    fn on_start(now: types::Timestamp) -> Result<(), types::PluginError> {
+        with_admin(types::PluginError::Storage, |a| {
+            a.start(now)
+                .map_err(|e| types::PluginError::Storage(e.to_string()))
+        })
+    }
+
     fn on_tick(now: types::Timestamp) -> Result<(), types::PluginError> {
         with_admin(types::PluginError::Storage, |a| {
             wstd::runtime::block_on(a.tick(now))

@@ -1,8 +1,9 @@
-//! The `maintenance` interface: the periodic tick (ended holds and passed resets,
+//! The `maintenance` interface: the start (dropping a stopped host's refresh leases) and
+//! the periodic tick (ended holds and passed resets,
 //! pruning, token refreshes that come due, usage fetches).
 
 use super::Admin;
-use crate::engine::{Cancel, Clock, Log, Random, Upstream};
+use crate::engine::{Cancel, Clock, Level, Log, Random, Upstream};
 use crate::model::{ChangeCause, Credential, CredentialKind};
 use crate::oauth;
 use crate::policy::AccountState;
@@ -14,6 +15,21 @@ const ATTEMPT_RETENTION_MS: u64 = 24 * 3_600_000;
 impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
     Admin<'a, D, U, E>
 {
+    /// The host started (`maintenance.on-start`): drop the OAuth refresh leases its
+    /// predecessor's calls held, so a refresh that died with that process does not keep
+    /// the account unrefreshed for the rest of its lease.
+    pub fn start(&self, now: u64) -> Result<(), DbError> {
+        let dropped = self.store.drop_leases()?;
+        if dropped > 0 {
+            self.env.log(
+                Level::Info,
+                "Account Pooler dropped the OAuth refresh leases a stopped host left",
+                &[("leases", dropped.to_string()), ("now", now.to_string())],
+            );
+        }
+        Ok(())
+    }
+
     /// Periodic work: detect ended holds and passed resets (queueing signals), drop
     /// expired pins and old attempts, refresh tokens that expire soon and usage when due.
     pub async fn tick(&self, now: u64) -> Result<(), DbError> {

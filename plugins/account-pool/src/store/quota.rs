@@ -141,6 +141,15 @@ impl<'a, D: Db> Store<'a, D> {
         })
     }
 
+    /// Drop every refresh lease (the host started: no refresh of a stopped host's calls is
+    /// still running). Returns how many there were.
+    pub fn drop_leases(&self) -> Result<u64, DbError> {
+        self.db.execute(
+            "UPDATE refresh_state SET lease_until = NULL, lease_owner = NULL WHERE lease_owner IS NOT NULL",
+            &[],
+        )
+    }
+
     pub fn release_lease(&self, id: &str, owner: &str) -> Result<(), DbError> {
         self.db.execute(
             "UPDATE refresh_state SET lease_until = NULL, lease_owner = NULL WHERE account_id = ?1 AND lease_owner = ?2",

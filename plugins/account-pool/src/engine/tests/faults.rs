@@ -224,6 +224,31 @@ fn a_proactive_refresh_does_not_wait_for_another_refresh() {
     );
 }
 
+/// A refresh lease left by a host that died mid-refresh (SIGKILL) would hold the account's
+/// refreshes for the rest of the lease (two minutes). The next host's `maintenance.on-start`
+/// drops it: a request with an expired token then refreshes at once, without waiting.
+#[test]
+fn the_start_drops_a_lease_a_stopped_host_left_and_the_next_refresh_does_not_wait() {
+    let p = Pool::new();
+    let id = p.add_oauth(Provider::Claude, "o", "old", Some(T0 - 1));
+    p.up.push("token-endpoint", token_reply("new", "rt-new"));
+    assert!(
+        p.store()
+            .try_lease(&id, "killed-host", T0, T0 + crate::oauth::LEASE_MS)
+            .unwrap()
+    );
+    p.admin().start(T0).unwrap();
+    let r = p.claude(Some("S"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(p.up.seen(), ["new"]);
+    assert_eq!(p.up.count("token-endpoint"), 1);
+    assert!(
+        p.env.sleeps.borrow().is_empty(),
+        "no wait for the dead lease: {:?}",
+        p.env.sleeps.borrow()
+    );
+}
+
 /// The fake upstream with a token endpoint whose answer trickles in: each piece of its
 /// body arrives `piece_ms` of the manual clock after the one before.
 struct Trickling<'a> {
