@@ -64,6 +64,14 @@ fn turns(data: &Path, thread: &str) -> Vec<(u32, Option<String>, bool, bool)> {
 }
 
 /// How many retry rows the thread has in the core's queue now.
+/// Wait until the thread has its second turn, finished, and return its turns.
+fn retried_turns(data: &Path, thread: &str) -> Vec<(u32, Option<String>, bool, bool)> {
+    eventually("the retry to finish", LIMIT, || {
+        let t = turns(data, thread);
+        (t.len() == 2 && t[1].3).then_some(t)
+    })
+}
+
 fn queued_rows(data: &Path, thread: &str) -> usize {
     core_db(data)
         .query_row(
@@ -148,27 +156,6 @@ fn databases_intact(data: &Path) {
         let prefix = format!("plugins/{role}/");
         assert!(files.iter().any(|f| f.starts_with(&prefix)), "{files:?}");
     }
-}
-
-fn add_key(served: &Served) -> String {
-    let out = served.pooler_with(
-        &[
-            "account",
-            "add",
-            "--provider",
-            "claude",
-            "--api-key",
-            "-",
-            "--label",
-            "work",
-            "--json",
-        ],
-        &[],
-        Some(API_KEY),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", support::text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["account"]["id"].as_str().unwrap().to_owned()
 }
 
 fn now_ms() -> u64 {
@@ -278,7 +265,7 @@ fn a_kill_mid_stream_fails_the_turn_once_and_retries_it_once() {
     let served = Served::start_with("[maintenance]\ninterval-s = 0\n").never_prints(API_KEY);
     served.ok(&["config", "set", "pool.claude-upstream-url", &upstream.url]);
     served.ok(&["config", "set", "retry.backoff-base", "1ms"]);
-    let account = add_key(&served);
+    let account = add_api_key(&served, API_KEY, "work");
     let thread = served
         .ok(&["thread", "new", "--provider", "claude", "hello"])
         .trim()
@@ -317,10 +304,7 @@ fn a_kill_mid_stream_fails_the_turn_once_and_retries_it_once() {
 
     // Run 2: recovery fails the turn; its event reaches Provider Retry, which retries once.
     let served = stopped.restart();
-    let done = eventually("the retry to finish", LIMIT, || {
-        let t = turns(&data, &thread);
-        (t.len() == 2 && t[1].3).then_some(t)
-    });
+    let done = retried_turns(&data, &thread);
     assert_eq!(
         done,
         [
@@ -447,10 +431,7 @@ fn f_a_kill_during_an_agent_turn_leaves_no_orphan_and_runs_the_turn_once_more() 
     eventually("the first run's agent to be stopped", LIMIT, || {
         (!running(pid)).then_some(())
     });
-    let done = eventually("the retry to finish", LIMIT, || {
-        let t = turns(&data, &thread);
-        (t.len() == 2 && t[1].3).then_some(t)
-    });
+    let done = retried_turns(&data, &thread);
     assert_eq!(
         done,
         [
@@ -727,10 +708,7 @@ fn e_a_kill_during_an_oauth_refresh_keeps_the_old_tokens_and_refreshes_once_afte
 
     let restarted = std::time::Instant::now();
     let served = stopped.restart();
-    let done = eventually("the retry to finish", LIMIT, || {
-        let t = turns(&data, &thread);
-        (t.len() == 2 && t[1].3).then_some(t)
-    });
+    let done = retried_turns(&data, &thread);
     assert_eq!(
         done,
         [
@@ -909,10 +887,7 @@ fn d_a_kill_as_an_account_is_added_keeps_it_and_the_waiting_retry_moves_up() {
     );
 
     let served = stopped.restart();
-    let done = eventually("the retry to finish", LIMIT, || {
-        let t = turns(&data, &thread);
-        (t.len() == 2 && t[1].3).then_some(t)
-    });
+    let done = retried_turns(&data, &thread);
     assert_eq!(
         done,
         [

@@ -46,12 +46,6 @@ impl Logs {
         self.len() == 0
     }
 
-    /// Forget the lines captured so far: a long run (the soak) that reads none of them keeps
-    /// the capture, which grows with every line, out of the memory it measures.
-    pub fn clear(&self) {
-        self.lines.lock().unwrap().clear();
-    }
-
     /// Stop keeping lines, for good, in this test binary, and forget those kept: a long run
     /// (the soak) that reads none of them keeps the capture (every line of every crate,
     /// hundreds a request) out of the memory it measures, allocations and all.

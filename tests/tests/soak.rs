@@ -73,9 +73,9 @@ const THREADS: usize = 40;
 const RECENT_ATTEMPTS: u64 = 20;
 /// Resident memory may end at most this far above its level after the warm-up (the first
 /// half of the run): the allocator's and the instance pool's working set settles within it
-/// (measured: +10 MiB over the last quarter of a 60 s debug run), while a leak of the rate
-/// the tests' log capture had before the soak clears it (~100 KiB a request: +105 MiB in
-/// 40 s) crosses it. A leak of a few bytes a request needs a longer run (`SOAK_SECONDS`).
+/// (measured: +17 MiB over the second half of a 60 s debug run of ~19k answers), while a
+/// leak of the rate the tests' log capture had while it kept lines (+99 MiB in 30 s)
+/// crosses it. A leak of a few bytes a request needs a longer run (`SOAK_SECONDS`).
 const RSS_MARGIN: u64 = 48 << 20;
 /// The longest any one request may take (a safety net against hangs).
 const REQUEST_LIMIT: Duration = Duration::from_secs(30);
