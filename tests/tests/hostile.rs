@@ -269,6 +269,53 @@ async fn a_log_line_of_megabytes_is_cut_to_8_kib_with_one_warning_and_the_host_s
     assert_eq!(echo.body, "logged");
 }
 
+/// A plugin logging in a loop: one call's lines stop at 16 MiB, the rest are dropped and
+/// counted in one warning when the call ends; the next call logs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_logging_past_16_mib_has_the_rest_dropped_with_one_warning_and_the_next_call_logs() {
+    let (_host, url) = pool_host("", false).await;
+    let client = TestClient::new();
+    // 3,000 lines of just under 8 KiB: about 2,050 fit in 16 MiB.
+    let answer = client
+        .get_within(&format!("{url}/hostile/lines?n=3000&kib=8"), SOON)
+        .await
+        .unwrap();
+    assert_eq!(answer.body, "logged 3000 lines");
+    let plugin_lines = |prefix: &str| -> Vec<LogLine> {
+        logs()
+            .lines()
+            .into_iter()
+            .filter(|l| l.target == "pooler::plugin" && l.message.starts_with(prefix))
+            .collect()
+    };
+    let kept = plugin_lines("line ");
+    let bytes: usize = kept.iter().map(|l| l.message.len()).sum();
+    assert!(
+        bytes <= 16 << 20 && bytes > (16 << 20) - (8 << 10),
+        "{} lines, {bytes} bytes kept: the budget filled, not passed",
+        kept.len()
+    );
+    assert!(
+        plugin_lines("after 3000 lines").is_empty(),
+        "dropped, past the budget"
+    );
+    let dropped = warnings("a plugin logs at most 16 MiB in one call", |_| true);
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!(dropped[0].fields["plugin"], "account-pool");
+    assert_eq!(
+        dropped[0].fields["lines"],
+        (3_001 - kept.len()).to_string(),
+        "every line past the budget counted"
+    );
+    // The next call has its own budget.
+    let answer = client
+        .get_within(&format!("{url}/hostile/lines?n=2&kib=1"), SOON)
+        .await
+        .unwrap();
+    assert_eq!(answer.body, "logged 2 lines");
+    assert_eq!(plugin_lines("after 2 lines").len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_signals_in_one_call_are_one_delivery_and_a_bounded_number_of_lines() {
     let (host, url) = pool_host("", true).await;

@@ -12,10 +12,21 @@ use crate::bindings::pool::pooler::plugins::log::{self, Host, Level};
 /// Longest line kept (message and fields together); the rest is cut.
 pub const MAX_LINE_BYTES: usize = 8 * 1024;
 
-/// Per-instance state: who is logging, and whether a cut line was reported yet.
+/// Most bytes of lines (message and fields, each as kept) one instance — one export call or
+/// one incoming request — may log; the lines past it are dropped, counted and reported once
+/// when the instance ends. Far above what the real plugins log in one call (a re-evaluation
+/// pass moving 10,000 rows logs about 2 MiB), so only a plugin logging in a loop meets it.
+pub const MAX_CALL_BYTES: usize = 16 * 1024 * 1024;
+
+/// Per-instance state: who is logging, whether a cut line was reported yet, and how much the
+/// instance logged and dropped.
 pub struct LogCtx {
     plugin: Arc<str>,
     cut_reported: bool,
+    /// Bytes of the lines logged so far (as kept, after any cut).
+    logged: usize,
+    /// Lines dropped past [`MAX_CALL_BYTES`], and their bytes (as they would have been kept).
+    dropped: (u64, u64),
 }
 
 impl LogCtx {
@@ -23,7 +34,21 @@ impl LogCtx {
         LogCtx {
             plugin,
             cut_reported: false,
+            logged: 0,
+            dropped: (0, 0),
         }
+    }
+
+    /// Take a line of `kept` bytes into the call's budget: false when it does not fit (the
+    /// line is dropped and counted, and so is every later line of the instance).
+    fn admit(&mut self, kept: usize) -> bool {
+        if self.dropped.0 > 0 || self.logged.saturating_add(kept) > MAX_CALL_BYTES {
+            self.dropped.0 += 1;
+            self.dropped.1 += kept as u64;
+            return false;
+        }
+        self.logged += kept;
+        true
     }
 
     /// A line of `bytes` (message and fields) past [`MAX_LINE_BYTES`] was cut: say so once
@@ -38,6 +63,23 @@ impl LogCtx {
                 limit = MAX_LINE_BYTES,
                 rule = "a plugin's log line is at most 8 KiB",
                 "plugin log line cut (said once per call)"
+            );
+        }
+    }
+}
+
+impl Drop for LogCtx {
+    /// The instance ended: say once how many of its lines were dropped, if any.
+    fn drop(&mut self) {
+        let (lines, bytes) = self.dropped;
+        if lines > 0 {
+            tracing::warn!(
+                plugin = &*self.plugin,
+                lines,
+                bytes,
+                limit = MAX_CALL_BYTES,
+                rule = "a plugin logs at most 16 MiB in one call",
+                "plugin log lines dropped (said once per call)"
             );
         }
     }
@@ -91,6 +133,9 @@ impl Host for &mut LogCtx {
                 .iter()
                 .map(|(name, value)| name.len() + value.len() + 2)
                 .sum::<usize>();
+        if !self.admit(bytes.min(MAX_LINE_BYTES)) {
+            return Ok(());
+        }
         if bytes > MAX_LINE_BYTES {
             self.report_cut(bytes);
         }
@@ -143,6 +188,22 @@ mod tests {
         assert_eq!(value["thread"], "t \"1\"");
         assert_eq!(value["outcome"], "served");
         assert_eq!(fields_json(&fields, 10), None);
+    }
+
+    #[test]
+    fn a_call_logs_at_most_its_budget_and_counts_what_it_dropped() {
+        let mut ctx = LogCtx::new(Arc::from("p"));
+        let lines = MAX_CALL_BYTES / MAX_LINE_BYTES;
+        for _ in 0..lines {
+            assert!(ctx.admit(MAX_LINE_BYTES));
+        }
+        assert!(!ctx.admit(MAX_LINE_BYTES), "the budget is full");
+        assert!(!ctx.admit(0), "and every later line is dropped too");
+        assert!(!ctx.admit(1));
+        assert_eq!(ctx.logged, MAX_CALL_BYTES);
+        assert_eq!(ctx.dropped, (3, 1 + MAX_LINE_BYTES as u64));
+        // A fresh instance has the whole budget again.
+        assert!(LogCtx::new(Arc::from("p")).admit(MAX_LINE_BYTES));
     }
 
     #[test]
