@@ -1,5 +1,6 @@
 //! Errors of the core. [`ThreadsError`] mirrors the WIT `threads-error` variant case for case
-//! (the host converts it one-to-one for plugins); [`CoreError`] covers the host- and
+//! (the host converts it one-to-one for plugins), except [`ThreadsError::RowOfOtherThread`],
+//! which a plugin is answered as `no-such-row` (the host logs the owner); [`CoreError`] covers the host- and
 //! person-facing operations (turns, due loop, send-now, outbox).
 
 use crate::model::RowId;
@@ -19,6 +20,11 @@ pub enum ThreadsError {
     /// No live row has this id.
     #[error("no live row {0}")]
     NoSuchRow(RowId),
+    /// The live row `row` belongs to thread `owner`, not to the thread the caller named.
+    /// Refused before any write; WIT `no-such-row` ("no live row of this thread has this
+    /// id"): the caller learns nothing it could not already list, the host logs `owner`.
+    #[error("live row {row} is a row of thread {owner}, not of the thread named")]
+    RowOfOtherThread { row: RowId, owner: String },
     /// The thread is archived.
     #[error("the thread is archived")]
     Archived,
@@ -83,7 +89,9 @@ impl From<ThreadsError> for CoreError {
     fn from(e: ThreadsError) -> Self {
         match e {
             ThreadsError::NoSuchThread(t) => CoreError::NoSuchThread(t),
-            ThreadsError::NoSuchRow(r) => CoreError::NoSuchRow(r),
+            ThreadsError::NoSuchRow(r) | ThreadsError::RowOfOtherThread { row: r, .. } => {
+                CoreError::NoSuchRow(r)
+            }
             ThreadsError::Archived => CoreError::Archived,
             ThreadsError::InvalidArgument(m) => CoreError::InvalidArgument(m),
             ThreadsError::Storage(m) => CoreError::Storage(m),

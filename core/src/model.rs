@@ -220,9 +220,11 @@ pub struct RateLimitSnapshot {
     pub observed_at: Timestamp,
 }
 
-/// One move of a live row for [`crate::Core::reschedule_many`] (WIT `threads.row-move`).
+/// One move of a live row for [`crate::Core::reschedule_many`] (WIT `threads.row-move`):
+/// `row` must be a live row of `thread`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowMove {
+    pub thread: ThreadId,
     pub row: RowId,
     pub send_at: Timestamp,
     pub reason: String,

@@ -50,16 +50,30 @@ fn live_row(tx: &Transaction<'_>, id: RowId) -> Result<LiveRow, ThreadsError> {
     store::load_row(tx, id)?.ok_or(ThreadsError::NoSuchRow(id))
 }
 
-/// Moves live row `id` to `send_at` (voiding any claim), with its history entry. Refused
-/// with `no-such-row` before any write.
+/// Live row `id`, if it is a row of `thread`: read in the caller's transaction, so the
+/// check and the write that follows it see the same row.
+fn live_row_of(tx: &Transaction<'_>, thread: &str, id: RowId) -> Result<LiveRow, ThreadsError> {
+    let live = live_row(tx, id)?;
+    if live.row.thread != thread {
+        return Err(ThreadsError::RowOfOtherThread {
+            row: id,
+            owner: live.row.thread,
+        });
+    }
+    Ok(live)
+}
+
+/// Moves live row `id` of `thread` to `send_at` (voiding any claim), with its history entry.
+/// Refused with `no-such-row` or `row-of-other-thread` before any write.
 fn move_row(
     tx: &Transaction<'_>,
+    thread: &str,
     id: RowId,
     send_at: Timestamp,
     reason: &str,
     now: Timestamp,
 ) -> Result<QueuedRow, ThreadsError> {
-    let live = live_row(tx, id)?;
+    let live = live_row_of(tx, thread, id)?;
     tx.exec(
         "UPDATE queued_rows SET send_at = ?2, reason = ?3, wait_state = 'time',
                 claim_gen = claim_gen + 1, claimed_at = NULL, updated_at = ?4
@@ -177,18 +191,21 @@ impl Core {
         result
     }
 
-    /// `threads.reschedule`: moves a live row to `send_at`. Spends no attempt, creates no
-    /// row. A row claimed for dispatch is taken back (its claim is void), so the move wins
-    /// over a dispatch that has not committed yet.
+    /// `threads.reschedule`: moves live row `row` of `thread` to `send_at`. Spends no
+    /// attempt, creates no row. A row claimed for dispatch is taken back (its claim is void),
+    /// so the move wins over a dispatch that has not committed yet. A live row of another
+    /// thread is refused with [`ThreadsError::RowOfOtherThread`], checked in the move's own
+    /// transaction, and left as it was.
     pub fn reschedule(
         &self,
+        thread: &str,
         row: RowId,
         send_at: Timestamp,
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError> {
         validate_reason(reason)?;
         let now = self.now();
-        self.write(|tx| move_row(tx, row, send_at, reason, now))
+        self.write(|tx| move_row(tx, thread, row, send_at, reason, now))
     }
 
     /// `threads.reschedule-many`: each move as [`Core::reschedule`] would make it, one
@@ -201,7 +218,7 @@ impl Core {
             let mut answers = Vec::with_capacity(moves.len());
             for m in moves {
                 let answer = validate_reason(&m.reason)
-                    .and_then(|()| move_row(tx, m.row, m.send_at, &m.reason, now));
+                    .and_then(|()| move_row(tx, &m.thread, m.row, m.send_at, &m.reason, now));
                 if let Err(ThreadsError::Storage(e)) = answer {
                     return Err(ThreadsError::Storage(e));
                 }
@@ -212,12 +229,14 @@ impl Core {
         done.unwrap_or_else(|e| vec![Err(e); moves.len()])
     }
 
-    /// `threads.cancel`: removes a live row without dispatching it.
-    pub fn cancel(&self, row: RowId, reason: &str) -> Result<(), ThreadsError> {
+    /// `threads.cancel`: removes live row `row` of `thread` without dispatching it. A live
+    /// row of another thread is refused with [`ThreadsError::RowOfOtherThread`] (checked in
+    /// the same transaction) and left as it was.
+    pub fn cancel(&self, thread: &str, row: RowId, reason: &str) -> Result<(), ThreadsError> {
         validate_reason(reason)?;
         let now = self.now();
         self.write(|tx| {
-            let live = live_row(tx, row)?;
+            let live = live_row_of(tx, thread, row)?;
             store::remove_row(tx, now, &live.row, Actor::Plugin, "cancelled", reason)?;
             Ok(())
         })

@@ -128,7 +128,7 @@ fn reason_must_be_one_to_two_hundred_characters() {
         .schedule_retry(&thread, &failed, T0, &"é".repeat(200))
         .unwrap();
     assert!(matches!(
-        f.core.reschedule(row.id, T0, ""),
+        f.core.reschedule(&thread, row.id, T0, ""),
         Err(ThreadsError::InvalidArgument(_))
     ));
 }
@@ -177,7 +177,7 @@ fn reschedule_moves_the_row_without_spending_an_attempt_or_creating_a_row() {
         .unwrap();
     let earlier = f
         .core
-        .reschedule(row.id, T0 + 30_000, "account enabled")
+        .reschedule(&thread, row.id, T0 + 30_000, "account enabled")
         .unwrap();
     assert_eq!(
         (earlier.id, earlier.attempt, earlier.send_at),
@@ -186,7 +186,7 @@ fn reschedule_moves_the_row_without_spending_an_attempt_or_creating_a_row() {
     assert_eq!(earlier.reason, "account enabled");
     let later = f
         .core
-        .reschedule(row.id, T0 + 9_000_000, "later reset")
+        .reschedule(&thread, row.id, T0 + 9_000_000, "later reset")
         .unwrap();
     assert_eq!((later.id, later.attempt), (row.id, 2));
     assert_eq!(f.core.list_rows(None).unwrap(), vec![later]);
@@ -209,16 +209,22 @@ fn reschedule_many_moves_each_row_and_refuses_only_the_bad_moves() {
                 .unwrap()
         })
         .collect();
-    let mv = |row: RowId, send_at: Timestamp, reason: &str| RowMove {
-        row,
+    let mv = |row: &QueuedRow, send_at: Timestamp, reason: &str| RowMove {
+        thread: row.thread.clone(),
+        row: row.id,
         send_at,
         reason: reason.into(),
     };
     let answers = f.core.reschedule_many(&[
-        mv(rows[0].id, T0 + 30_000, "account enabled"),
-        mv(42, T0, "gone"),
-        mv(rows[1].id, T0 + 40_000, ""),
-        mv(rows[1].id, T0 + 50_000, "account enabled"),
+        mv(&rows[0], T0 + 30_000, "account enabled"),
+        RowMove {
+            thread: rows[0].thread.clone(),
+            row: 42,
+            send_at: T0,
+            reason: "gone".into(),
+        },
+        mv(&rows[1], T0 + 40_000, ""),
+        mv(&rows[1], T0 + 50_000, "account enabled"),
     ]);
     assert_eq!(answers.len(), 4);
     let moved = answers[0].clone().unwrap();
@@ -293,11 +299,123 @@ fn get_thread_agrees_with_the_thread_list() {
 #[test]
 fn reschedule_and_cancel_of_an_unknown_row_are_refused() {
     let f = Fixture::new();
+    let (thread, _) = f.failed_thread("hello");
     assert_eq!(
-        f.core.reschedule(42, T0, "r"),
+        f.core.reschedule(&thread, 42, T0, "r"),
         Err(ThreadsError::NoSuchRow(42))
     );
-    assert_eq!(f.core.cancel(42, "r"), Err(ThreadsError::NoSuchRow(42)));
+    assert_eq!(
+        f.core.cancel(&thread, 42, "r"),
+        Err(ThreadsError::NoSuchRow(42))
+    );
+}
+
+/// Two failed threads, each with a live row: (thread a, its row, thread b, its row). B's
+/// row is due now, a's in two hours.
+fn two_threads_with_rows(f: &Fixture) -> (ThreadId, QueuedRow, ThreadId, QueuedRow) {
+    let (a, fa) = f.failed_thread("a");
+    let (b, fb) = f.failed_thread("b");
+    let row_a = f
+        .core
+        .schedule_retry(&a, &fa, T0 + 7_200_000, "blocked")
+        .unwrap();
+    let row_b = f.core.schedule_retry(&b, &fb, T0, "due").unwrap();
+    (a, row_a, b, row_b)
+}
+
+/// The actions of thread `thread`'s history, oldest first.
+fn actions(f: &Fixture, thread: &str) -> Vec<String> {
+    let show = f.core.show(thread).unwrap();
+    show.history.into_iter().map(|e| e.action).collect()
+}
+
+/// Issue 18 item 14: a caller naming thread a cannot move or cancel b's row, by
+/// `reschedule`, `reschedule-many` or `cancel`. Each is refused naming the owner, and b's
+/// row keeps its send time, reason and claim (its dispatch still goes through).
+#[test]
+fn a_row_of_another_thread_is_neither_moved_nor_cancelled() {
+    let f = Fixture::new();
+    let (a, _, b, row_b) = two_threads_with_rows(&f);
+    let claim = f.core.claim_due(f.now()).unwrap().remove(0);
+    assert_eq!(claim.row.id, row_b.id);
+    let history_b = actions(&f, &b);
+    let foreign = ThreadsError::RowOfOtherThread {
+        row: row_b.id,
+        owner: b.clone(),
+    };
+
+    assert_eq!(
+        f.core.reschedule(&a, row_b.id, T0 + 99_000, "hijack"),
+        Err(foreign.clone())
+    );
+    assert_eq!(
+        f.core.reschedule_many(&[RowMove {
+            thread: a.clone(),
+            row: row_b.id,
+            send_at: T0 + 99_000,
+            reason: "hijack".into(),
+        }]),
+        vec![Err(foreign.clone())]
+    );
+    assert_eq!(f.core.cancel(&a, row_b.id, "hijack"), Err(foreign));
+    // A thread that does not exist owns no row either.
+    assert_eq!(
+        f.core.cancel("th_nope", row_b.id, "hijack"),
+        Err(ThreadsError::RowOfOtherThread {
+            row: row_b.id,
+            owner: b.clone(),
+        })
+    );
+
+    let stored = f.second_connection().list_rows(Some(&b)).unwrap();
+    assert_eq!(stored, vec![row_b.clone()], "b's row as it was");
+    assert_eq!(actions(&f, &b), history_b, "nothing written to b's history");
+    assert!(
+        !actions(&f, &a)
+            .iter()
+            .any(|a| a == "rescheduled" || a == "cancelled"),
+        "{:?}",
+        actions(&f, &a)
+    );
+    f.core.dispatch(&claim).expect("b's claim is still valid");
+}
+
+/// A `reschedule-many` mixing a move of the caller's own row and one of another thread's:
+/// the own move commits, the foreign one is refused and b's row is untouched.
+#[test]
+fn reschedule_many_commits_the_own_move_and_refuses_the_foreign_one() {
+    let f = Fixture::new();
+    let (a, row_a, b, row_b) = two_threads_with_rows(&f);
+    let answers = f.core.reschedule_many(&[
+        RowMove {
+            thread: a.clone(),
+            row: row_a.id,
+            send_at: T0 + 30_000,
+            reason: "account enabled".into(),
+        },
+        RowMove {
+            thread: a.clone(),
+            row: row_b.id,
+            send_at: T0 + 99_000,
+            reason: "hijack".into(),
+        },
+    ]);
+    let moved = answers[0].clone().unwrap();
+    assert_eq!(
+        (moved.id, moved.send_at, moved.reason.as_str()),
+        (row_a.id, T0 + 30_000, "account enabled")
+    );
+    assert_eq!(
+        answers[1],
+        Err(ThreadsError::RowOfOtherThread {
+            row: row_b.id,
+            owner: b.clone(),
+        })
+    );
+    let other = f.second_connection();
+    assert_eq!(other.list_rows(Some(&a)).unwrap(), vec![moved]);
+    assert_eq!(other.list_rows(Some(&b)).unwrap(), vec![row_b]);
+    assert!(!actions(&f, &b).iter().any(|a| a == "rescheduled"));
 }
 
 #[test]
@@ -305,7 +423,7 @@ fn cancel_removes_the_row_and_frees_the_chain() {
     let f = Fixture::new();
     let (thread, failed) = f.failed_thread("hello");
     let row = f.core.schedule_retry(&thread, &failed, T0, "r").unwrap();
-    f.core.cancel(row.id, "stale").unwrap();
+    f.core.cancel(&thread, row.id, "stale").unwrap();
     assert!(f.core.list_rows(None).unwrap().is_empty());
     assert!(f.core.claim_due(T0 + 1).unwrap().is_empty());
     let again = f.core.schedule_retry(&thread, &failed, T0, "r").unwrap();
@@ -566,7 +684,9 @@ fn a_reschedule_during_the_gate_voids_the_claim() {
     let (thread, failed) = f.failed_thread("hello");
     let row = f.core.schedule_retry(&thread, &failed, T0, "r").unwrap();
     let claim = f.core.claim_due(f.now()).unwrap().remove(0);
-    f.core.reschedule(row.id, T0 + 60_000, "later").unwrap();
+    f.core
+        .reschedule(&thread, row.id, T0 + 60_000, "later")
+        .unwrap();
     assert_eq!(f.core.dispatch(&claim), Err(CoreError::ClaimLost(row.id)));
     assert_eq!(f.core.list_rows(None).unwrap()[0].send_at, T0 + 60_000);
 }
@@ -747,7 +867,7 @@ fn only_the_commits_that_start_a_turn_are_synced_one_by_one() {
         .unwrap();
     for i in 0..10 {
         f.core
-            .reschedule(row.id, T0 + 60_000 + i, "account enabled")
+            .reschedule(&thread, row.id, T0 + 60_000 + i, "account enabled")
             .unwrap();
     }
     assert!(f.core.claim_due(f.now()).unwrap().is_empty());
@@ -793,7 +913,7 @@ fn commits_survive_a_crash_of_the_process() {
         let row = core
             .schedule_retry(&thread, &plan.request, T0 + 7_200_000, "blocked")
             .unwrap();
-        core.reschedule(row.id, T0 + 42_000, "account enabled")
+        core.reschedule(&thread, row.id, T0 + 42_000, "account enabled")
             .unwrap();
         std::process::abort();
     }

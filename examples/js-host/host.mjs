@@ -240,7 +240,16 @@ const turns = new Map();
 const rows = [];
 let nextRow = 1n;
 const threadError = (id) => fail("no-such-thread", id);
-const liveRow = (id) => rows.find((r) => r.id === id) ?? fail("no-such-row", id);
+// A live row of `thread`: as the core, a row of another thread is refused as `no-such-row`
+// (and said on stderr) and left as it was.
+const liveRow = (thread, id) => {
+  const row = rows.find((r) => r.id === id) ?? fail("no-such-row", id);
+  if (row.thread !== thread) {
+    process.stderr.write(`threads call refused: row ${id} is a row of thread ${row.thread}, not of ${thread}\n`);
+    fail("no-such-row", id);
+  }
+  return row;
+};
 const checkReason = (reason) => {
   if (!reason || reason.length > 200) fail("invalid-argument", "a reason is 1–200 characters");
 };
@@ -263,14 +272,14 @@ const threads = {
     rows.push(row);
     return row;
   },
-  reschedule(id, sendAt, reason) {
+  reschedule(thread, id, sendAt, reason) {
     checkReason(reason);
-    return Object.assign(liveRow(id), { sendAt, reason });
+    return Object.assign(liveRow(thread, id), { sendAt, reason });
   },
-  rescheduleMany: (moves) => moves.map((m) => attempt(() => threads.reschedule(m.row, m.sendAt, m.reason))),
-  cancel(id, reason) {
+  rescheduleMany: (moves) => moves.map((m) => attempt(() => threads.reschedule(m.thread, m.row, m.sendAt, m.reason))),
+  cancel(thread, id, reason) {
     checkReason(reason);
-    rows.splice(rows.indexOf(liveRow(id)), 1);
+    rows.splice(rows.indexOf(liveRow(thread, id)), 1);
   },
   listRows: (thread) => rows.filter((r) => thread === undefined || r.thread === thread),
 };

@@ -95,26 +95,34 @@ impl ThreadsService for FakeThreads {
     fn reschedule(
         &self,
         caller: &str,
+        thread: &str,
         row: u64,
         send_at: u64,
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError> {
-        self.record(format!("{caller}: reschedule({row}, {send_at})"));
+        self.record(format!("{caller}: reschedule({thread}, {row}, {send_at})"));
         let mut rows = self.rows.lock().unwrap();
+        // As the core: only a live row of the thread named.
         let live = rows
             .iter_mut()
-            .find(|r| r.id == row)
+            .find(|r| r.id == row && r.thread == thread)
             .ok_or(ThreadsError::NoSuchRow(row))?;
         live.send_at = send_at;
         live.reason = reason.into();
         Ok(live.clone())
     }
 
-    fn cancel(&self, caller: &str, row: u64, _reason: &str) -> Result<(), ThreadsError> {
-        self.record(format!("{caller}: cancel({row})"));
+    fn cancel(
+        &self,
+        caller: &str,
+        thread: &str,
+        row: u64,
+        _reason: &str,
+    ) -> Result<(), ThreadsError> {
+        self.record(format!("{caller}: cancel({thread}, {row})"));
         let mut rows = self.rows.lock().unwrap();
         let before = rows.len();
-        rows.retain(|r| r.id != row);
+        rows.retain(|r| r.id != row || r.thread != thread);
         if rows.len() == before {
             Err(ThreadsError::NoSuchRow(row))
         } else {

@@ -90,7 +90,7 @@ async fn reschedule_moves_the_row_without_spending_an_attempt() {
     let service = h.link.threads_service();
     let later = h.now() + 60_000;
     let moved = service
-        .reschedule("provider-retry", row.id, later, "pool blocked")
+        .reschedule("provider-retry", &thread, row.id, later, "pool blocked")
         .unwrap();
     assert_eq!((moved.id, moved.attempt, moved.send_at), (row.id, 2, later));
     // The old time passes: nothing is gated or sent.
@@ -100,7 +100,7 @@ async fn reschedule_moves_the_row_without_spending_an_attempt() {
     // Moved earlier again, then due: dispatched as attempt 2, the same row.
     let sooner = h.now() + 10_000;
     service
-        .reschedule("provider-retry", row.id, sooner, "pool ready")
+        .reschedule("provider-retry", &thread, row.id, sooner, "pool ready")
         .unwrap();
     h.upstream.push(success("ok"));
     h.advance(Duration::from_secs(10)).await;
@@ -109,7 +109,7 @@ async fn reschedule_moves_the_row_without_spending_an_attempt() {
     assert_eq!(turns.len(), 2);
     assert_eq!(turns[1].attempt, 2);
     assert!(matches!(
-        service.reschedule("provider-retry", row.id, sooner, "gone"),
+        service.reschedule("provider-retry", &thread, row.id, sooner, "gone"),
         Err(ThreadsError::NoSuchRow(id)) if id == row.id
     ));
 }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
 use pooler_core::ThreadStatus;
-use pooler_host::core_link::MAX_SEND_AT;
+use pooler_host::core_link::{FOREIGN_ROW_RULE, MAX_SEND_AT};
 use pooler_host::roles::Role;
 use pooler_tests::client::TestClient;
 use pooler_tests::core::{CoreHost, CoreSetup, failure, success};
@@ -400,8 +400,11 @@ async fn retry_still_works(h: &CoreHost, thread: &str) {
     h.retry_set("verdict", "proceed").await;
     let row = h.row(thread);
     h.upstream.push(success("recovered"));
-    h.retry_set("act", &format!("reschedule:{}:{}", row.id, h.now()))
-        .await;
+    h.retry_set(
+        "act",
+        &format!("reschedule:{thread}:{}:{}", row.id, h.now()),
+    )
+    .await;
     h.settle().await;
     let turns = h.turns(thread);
     assert_eq!(
@@ -430,7 +433,7 @@ async fn send_times_past_year_9999_or_in_the_far_past_are_bounded_with_a_warning
 
     // Moved to time 0 (the far past): kept as now.
     h.upstream.push(success("ok"));
-    h.retry_set("act", &format!("reschedule:{}:0", row.id))
+    h.retry_set("act", &format!("reschedule:{thread}:{}:0", row.id))
         .await;
     let acted = h.retry_get("acted").await.unwrap();
     assert!(acted.starts_with("Ok("), "{acted}");
@@ -555,11 +558,14 @@ async fn unknown_ids_are_refused_with_one_warning_per_call_and_rule() {
     assert!(calls.iter().any(|c| c == "schedule-retry"), "{calls:?}");
 
     // A row that does not exist, moved a thousand times in one call.
-    h.retry_set("act", &format!("reschedule-many:987654:{}:1000", h.now()))
-        .await;
+    h.retry_set(
+        "act",
+        &format!("reschedule-many:{thread}:987654:{}:1000", h.now()),
+    )
+    .await;
     let acted = h.retry_get("acted").await.unwrap();
     assert_eq!(acted, "Some(Err(ThreadsError::NoSuchRow(987654)))");
-    let rows = warnings("a row id must name a live row of the retry queue", |l| {
+    let rows = warnings("a row id must name a live row of the thread named", |l| {
         l.fields.get("error").is_some_and(|e| e.contains("987654"))
     });
     assert_eq!(rows.len(), 1, "{rows:?}");
@@ -567,6 +573,57 @@ async fn unknown_ids_are_refused_with_one_warning_per_call_and_rule() {
     // Nothing changed for the real thread; its retry still runs.
     assert_eq!(h.rows(&thread).len(), 1);
     retry_still_works(&h, &thread).await;
+}
+
+/// Issue 18 item 14: the retry plugin, working on thread a, names thread b's row in
+/// `reschedule`, `cancel` and a `reschedule-many` that also moves a's own row. Each foreign
+/// call is refused as `no-such-row` with a warning naming the plugin, the row and both
+/// threads; a's own move commits; b's row keeps its time, reason and history, and is still
+/// retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_of_another_thread_is_refused_logged_and_left_intact() {
+    let h = CoreSetup::new().start().await;
+    let (a, _) = failed_thread(&h).await;
+    let (b, _) = failed_thread(&h).await;
+    let (row_a, row_b) = (h.row(&a), h.row(&b));
+    let history_b = h.show(&b).history;
+    let later = h.now() + 3_600_000;
+
+    h.retry_set(
+        "act",
+        &format!("hijack:{a}:{}:{}:{later}", row_a.id, row_b.id),
+    )
+    .await;
+
+    let refused = format!("Err(ThreadsError::NoSuchRow({}))", row_b.id);
+    assert_eq!(
+        h.retry_get("acted").await.unwrap(),
+        format!("{refused} {refused} Ok(({}, {later})) {refused}", row_a.id)
+    );
+    let lines = warnings(FOREIGN_ROW_RULE, |l| {
+        l.fields.get("row") == Some(&row_b.id.to_string())
+    });
+    let calls: Vec<&str> = lines.iter().map(|l| l.fields["call"].as_str()).collect();
+    assert_eq!(
+        calls,
+        ["reschedule", "cancel", "reschedule-many"],
+        "{lines:?}"
+    );
+    for l in &lines {
+        assert_eq!(l.fields["plugin"], "provider-retry", "{l:?}");
+        assert_eq!(l.fields["thread"], a, "the thread named: {l:?}");
+        assert_eq!(l.fields["owner"], b, "the row's own thread: {l:?}");
+    }
+    assert_eq!(h.row(&b), row_b, "b's row as it was");
+    assert_eq!(
+        h.show(&b).history,
+        history_b,
+        "nothing written to b's history"
+    );
+    assert_eq!(h.row(&a).send_at, later, "a's own move committed");
+    core_database_is_sound(&h);
+    // B's row is still retried when due.
+    retry_still_works(&h, &b).await;
 }
 
 /// `retry-admin` answers about other threads than the one asked, and rows of other threads'

@@ -477,7 +477,7 @@ async fn pr_9_a_row_due_while_still_blocked_waits() {
     let early = h.now() + MINUTE;
     h.link
         .threads_service()
-        .reschedule("provider-retry", row.id, early, "test: due early")
+        .reschedule("provider-retry", &thread, row.id, early, "test: due early")
         .unwrap();
     h.clock.set(early);
     h.settle().await;

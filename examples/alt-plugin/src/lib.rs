@@ -164,7 +164,7 @@ impl retry_admin::Guest for FixedDelay {
             .into_iter()
             .next();
         let row = row.ok_or(retry_admin::AdminError::NothingPending(thread))?;
-        threads::cancel(row.id, "cancelled by a person").map_err(admin)?;
+        threads::cancel(&row.thread, row.id, "cancelled by a person").map_err(admin)?;
         Ok(candidate(row))
     }
     fn sent_by_person(

@@ -61,12 +61,20 @@ pub(crate) fn thread_info(t: pc::ThreadInfo) -> ThreadInfo {
     }
 }
 
+/// The `rule` of the warning for a plugin's call naming a row of another thread than the
+/// one it named (the plugin is answered `no-such-row`).
+pub const FOREIGN_ROW_RULE: &str = "a plugin moves or cancels only rows of the thread it names";
+
+/// The WIT error for the core's; a row of another thread is `no-such-row` ("no live row of
+/// this thread has this id").
 pub(crate) fn threads_error(e: pc::ThreadsError) -> ThreadsError {
     match e {
         pc::ThreadsError::NoSuchThread(t) => ThreadsError::NoSuchThread(t),
         pc::ThreadsError::NoFailedTurn => ThreadsError::NoFailedTurn,
         pc::ThreadsError::AlreadyQueued(r) => ThreadsError::AlreadyQueued(r),
-        pc::ThreadsError::NoSuchRow(r) => ThreadsError::NoSuchRow(r),
+        pc::ThreadsError::NoSuchRow(r) | pc::ThreadsError::RowOfOtherThread { row: r, .. } => {
+            ThreadsError::NoSuchRow(r)
+        }
         pc::ThreadsError::Archived => ThreadsError::Archived,
         pc::ThreadsError::InvalidArgument(m) => ThreadsError::InvalidArgument(m),
         pc::ThreadsError::Storage(m) => ThreadsError::Storage(m),
@@ -267,6 +275,32 @@ impl CoreThreads {
         bounded
     }
 
+    /// Warn about a refusal for naming another thread's row (the plugin sees only
+    /// `no-such-row`): the plugin, the row, the thread it named and the thread that owns the
+    /// row. `more` is how many further moves of the same call were refused alike (a
+    /// `reschedule-many` gets one line, not one per move).
+    fn warn_foreign(
+        &self,
+        caller: &str,
+        call: &str,
+        thread: &str,
+        result: &Result<impl Sized, pc::ThreadsError>,
+        more: usize,
+    ) {
+        if let Err(pc::ThreadsError::RowOfOtherThread { row, owner }) = result {
+            tracing::warn!(
+                plugin = caller,
+                call,
+                row,
+                thread,
+                owner = owner.as_str(),
+                more,
+                rule = FOREIGN_ROW_RULE,
+                "threads call refused: the row is another thread's; nothing changed"
+            );
+        }
+    }
+
     /// Like [`Self::answer`] for a call that leaves a row at a send time: the due loop is
     /// woken only if that time is earlier than its armed timer.
     fn answer_row(
@@ -307,17 +341,26 @@ impl ThreadsService for CoreThreads {
     fn reschedule(
         &self,
         caller: &str,
+        thread: &str,
         id: wit::RowId,
         send_at: wit::Timestamp,
         reason: &str,
     ) -> Result<wit::QueuedRow, ThreadsError> {
         let send_at = self.bounded(caller, "reschedule", Some(id), send_at);
-        let result = self.core.reschedule(id, send_at, reason).map(row);
+        let result = self.core.reschedule(thread, id, send_at, reason).map(row);
+        self.warn_foreign(caller, "reschedule", thread, &result, 0);
         self.answer_row(caller, "reschedule", result)
     }
 
-    fn cancel(&self, caller: &str, id: wit::RowId, reason: &str) -> Result<(), ThreadsError> {
-        let result = self.core.cancel(id, reason);
+    fn cancel(
+        &self,
+        caller: &str,
+        thread: &str,
+        id: wit::RowId,
+        reason: &str,
+    ) -> Result<(), ThreadsError> {
+        let result = self.core.cancel(thread, id, reason);
+        self.warn_foreign(caller, "cancel", thread, &result, 0);
         self.answer(caller, "cancel", true, result)
     }
 
@@ -354,13 +397,21 @@ impl ThreadsService for CoreThreads {
         let moves: Vec<pc::RowMove> = moves
             .iter()
             .map(|m| pc::RowMove {
+                thread: m.thread.clone(),
                 row: m.row,
                 send_at: self.bounded(caller, "reschedule-many", Some(m.row), m.send_at),
                 reason: m.reason.clone(),
             })
             .collect();
-        self.core
-            .reschedule_many(&moves)
+        let answers = self.core.reschedule_many(&moves);
+        let foreign = |r: &&Result<_, pc::ThreadsError>| {
+            matches!(r, Err(pc::ThreadsError::RowOfOtherThread { .. }))
+        };
+        let refused = answers.iter().filter(foreign).count();
+        if let Some((m, first)) = moves.iter().zip(&answers).find(|(_, r)| foreign(r)) {
+            self.warn_foreign(caller, "reschedule-many", &m.thread, first, refused - 1);
+        }
+        answers
             .into_iter()
             .map(|r| self.answer_row(caller, "reschedule-many", r.map(row)))
             .collect()

@@ -82,7 +82,7 @@ use pooler_core::{
 };
 use tokio::sync::watch;
 
-pub use convert::{CoreThreads, FAR_PAST_MS, MAX_SEND_AT, bound_send_at};
+pub use convert::{CoreThreads, FAR_PAST_MS, FOREIGN_ROW_RULE, MAX_SEND_AT, bound_send_at};
 pub use options::{AgentOptions, CoreOptions};
 
 use crate::imports::threads::ThreadsService;

@@ -24,14 +24,23 @@ pub trait ThreadsService: Send + Sync + 'static {
         send_at: Timestamp,
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError>;
+    /// `reschedule`: refused with `no-such-row` unless `row` is a live row of `thread`.
     fn reschedule(
         &self,
         caller: &str,
+        thread: &str,
         row: RowId,
         send_at: Timestamp,
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError>;
-    fn cancel(&self, caller: &str, row: RowId, reason: &str) -> Result<(), ThreadsError>;
+    /// `cancel`: refused with `no-such-row` unless `row` is a live row of `thread`.
+    fn cancel(
+        &self,
+        caller: &str,
+        thread: &str,
+        row: RowId,
+        reason: &str,
+    ) -> Result<(), ThreadsError>;
     fn list_rows(&self, caller: &str, thread: Option<&str>)
     -> Result<Vec<QueuedRow>, ThreadsError>;
 
@@ -53,7 +62,7 @@ pub trait ThreadsService: Send + Sync + 'static {
     ) -> Vec<Result<QueuedRow, ThreadsError>> {
         moves
             .iter()
-            .map(|m| self.reschedule(caller, m.row, m.send_at, &m.reason))
+            .map(|m| self.reschedule(caller, &m.thread, m.row, m.send_at, &m.reason))
             .collect()
     }
 }
@@ -87,13 +96,14 @@ impl ThreadsService for NoCore {
     fn reschedule(
         &self,
         _: &str,
+        _: &str,
         _: RowId,
         _: Timestamp,
         _: &str,
     ) -> Result<QueuedRow, ThreadsError> {
         Self::refuse()
     }
-    fn cancel(&self, _: &str, _: RowId, _: &str) -> Result<(), ThreadsError> {
+    fn cancel(&self, _: &str, _: &str, _: RowId, _: &str) -> Result<(), ThreadsError> {
         Self::refuse()
     }
     fn list_rows(&self, _: &str, _: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError> {
@@ -115,7 +125,7 @@ pub struct ThreadsCtx {
 pub fn broken_rule(e: &ThreadsError) -> Option<&'static str> {
     match e {
         ThreadsError::NoSuchThread(_) => Some("a thread id must name one of the core's threads"),
-        ThreadsError::NoSuchRow(_) => Some("a row id must name a live row of the retry queue"),
+        ThreadsError::NoSuchRow(_) => Some("a row id must name a live row of the thread named"),
         ThreadsError::InvalidArgument(_) => Some("threads arguments within the contract's bounds"),
         ThreadsError::NoFailedTurn
         | ThreadsError::AlreadyQueued(_)
@@ -189,16 +199,24 @@ impl Host for &mut ThreadsCtx {
 
     fn reschedule(
         &mut self,
+        thread: String,
         row: RowId,
         send_at: Timestamp,
         reason: String,
     ) -> wasmtime::Result<Result<QueuedRow, ThreadsError>> {
-        let result = self.service.reschedule(&self.plugin, row, send_at, &reason);
+        let result = self
+            .service
+            .reschedule(&self.plugin, &thread, row, send_at, &reason);
         Ok(self.answer("reschedule", result))
     }
 
-    fn cancel(&mut self, row: RowId, reason: String) -> wasmtime::Result<Result<(), ThreadsError>> {
-        let result = self.service.cancel(&self.plugin, row, &reason);
+    fn cancel(
+        &mut self,
+        thread: String,
+        row: RowId,
+        reason: String,
+    ) -> wasmtime::Result<Result<(), ThreadsError>> {
+        let result = self.service.cancel(&self.plugin, &thread, row, &reason);
         Ok(self.answer("cancel", result))
     }
 

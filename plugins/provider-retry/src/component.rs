@@ -144,6 +144,7 @@ impl Threads for Host {
         let moves: Vec<threads::RowMove> = moves
             .iter()
             .map(|m| threads::RowMove {
+                thread: m.thread.clone(),
                 row: m.row,
                 send_at: m.send_at,
                 reason: m.reason.clone(),
@@ -167,16 +168,17 @@ impl Threads for Host {
     }
     fn reschedule(
         &self,
+        thread: &str,
         row: u64,
         send_at: Timestamp,
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError> {
-        threads::reschedule(row, send_at, reason)
+        threads::reschedule(thread, row, send_at, reason)
             .map(from_wit_row)
             .map_err(from_wit_threads_error)
     }
-    fn cancel(&self, row: u64, reason: &str) -> Result<(), ThreadsError> {
-        threads::cancel(row, reason).map_err(from_wit_threads_error)
+    fn cancel(&self, thread: &str, row: u64, reason: &str) -> Result<(), ThreadsError> {
+        threads::cancel(thread, row, reason).map_err(from_wit_threads_error)
     }
     fn list_rows(&self, thread: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError> {
         threads::list_rows(thread)

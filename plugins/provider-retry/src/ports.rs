@@ -17,15 +17,18 @@ pub trait Threads {
         send_at: Timestamp,
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError>;
-    /// Move a live row, earlier or later; spends no attempt.
+    /// Move live row `row` of `thread`, earlier or later; spends no attempt. Refused with
+    /// `no-such-row` unless `row` is a live row of `thread`.
     fn reschedule(
         &self,
+        thread: &str,
         row: u64,
         send_at: Timestamp,
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError>;
-    /// Remove a live row without dispatching it.
-    fn cancel(&self, row: u64, reason: &str) -> Result<(), ThreadsError>;
+    /// Remove live row `row` of `thread` without dispatching it; refused with `no-such-row`
+    /// unless `row` is a live row of `thread`.
+    fn cancel(&self, thread: &str, row: u64, reason: &str) -> Result<(), ThreadsError>;
     /// Live rows of one thread or all, by send time.
     fn list_rows(&self, thread: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError>;
 
@@ -39,14 +42,15 @@ pub trait Threads {
     fn reschedule_many(&self, moves: &[RowMove]) -> Vec<Result<QueuedRow, ThreadsError>> {
         moves
             .iter()
-            .map(|m| self.reschedule(m.row, m.send_at, &m.reason))
+            .map(|m| self.reschedule(&m.thread, m.row, m.send_at, &m.reason))
             .collect()
     }
 }
 
-/// One move of a live row (WIT `threads.row-move`).
+/// One move of a live row (WIT `threads.row-move`): `row` is a live row of `thread`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowMove {
+    pub thread: String,
     pub row: u64,
     pub send_at: Timestamp,
     pub reason: String,

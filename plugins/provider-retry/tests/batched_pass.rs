@@ -173,3 +173,56 @@ fn a_pass_that_changes_nothing_writes_nothing() {
     assert!(writes.is_empty(), "{writes:?}");
     assert_eq!(*w.core.batches.borrow(), ["get-threads 5"]);
 }
+
+/// Issue 18 item 14: the plugin's record of a chain names row 1, but the core's queue was
+/// reset behind its back and row 1 is now another thread's. The pass's `reschedule-many`
+/// names each row's thread: the stale chain's move is refused (`no-such-row`) and the chain
+/// closed (its cancel refused too), the other thread's move in the same batch commits, and
+/// its row is moved only once, by its own chain.
+#[test]
+fn a_stale_chain_whose_row_id_is_now_another_threads_row_does_not_move_it() {
+    let w = World::new();
+    pending(&w, "thr_a");
+    let stale = w.only_row("thr_a");
+    // The core forgets the row and its ids start again: thread b gets row `stale.id`.
+    w.core.take_row(stale.id);
+    w.core.next_row.set(stale.id - 1);
+    pending(&w, "thr_b");
+    let row_b = w.only_row("thr_b");
+    assert_eq!(row_b.id, stale.id, "the id is reused");
+    w.core.batches.borrow_mut().clear();
+    w.clock.advance(M);
+    w.pool.set(Availability::Ready);
+
+    let summary = enabled(&w).expect("pass");
+
+    assert_eq!(
+        *w.core.batches.borrow(),
+        ["get-threads 2", "reschedule-many 2"]
+    );
+    // The move, then closing the chain's cancel of its row: both name thread a, both
+    // refused (a row id alone would have moved b's row, then cancelled it).
+    assert_eq!(
+        *w.core.foreign.borrow(),
+        vec![format!("thr_a → {} of thr_b", row_b.id); 2],
+        "the stale chain's move and cancel named thread a and were refused"
+    );
+    assert_eq!((summary.examined, summary.moved), (2, 1));
+    let status = |t: &str| w.engine().status(Some(t)).expect("status");
+    assert!(status("thr_a").is_empty(), "closed: no row of its own");
+    let now = w.clock.0.get();
+    let moved = w.only_row("thr_b");
+    assert!(moved.send_at < now + 45 * S, "{moved:?}");
+    assert_eq!(status("thr_b")[0].send_at, Some(moved.send_at));
+    assert_eq!(
+        w.core.calls_matching("reschedule"),
+        1,
+        "one move reached the core"
+    );
+    assert_eq!(
+        w.core.calls_matching("cancel"),
+        0,
+        "b's row was not cancelled"
+    );
+    w.core.foreign.borrow_mut().clear();
+}

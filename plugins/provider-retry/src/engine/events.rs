@@ -71,7 +71,7 @@ impl<D: Db> Engine<'_, D> {
         // A row still live for an earlier failure of this chain retries a request that
         // is no longer the latest: it must not run alongside the new decision.
         if let (ChainState::Scheduled, Some(row)) = (chain.state, chain.row_id) {
-            self.cancel_row(row, "superseded by a newer failure")?;
+            self.cancel_row(&chain.thread, row, "superseded by a newer failure")?;
         }
         absorb_failure(&mut chain, event, now);
         Ok(chain)

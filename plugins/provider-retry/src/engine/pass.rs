@@ -247,6 +247,7 @@ impl<D: Db> Engine<'_, D> {
         let requests: Vec<RowMove> = moves
             .iter()
             .map(|m| RowMove {
+                thread: m.chain.thread.clone(),
                 row: m.row,
                 send_at: m.send_at,
                 reason: m.reason.clone(),

@@ -198,9 +198,12 @@ impl<D: Db> Engine<'_, D> {
             moves.push(pending);
             return Ok(Outcome::Deferred);
         }
-        let result = self
-            .threads
-            .reschedule(pending.row, pending.send_at, &pending.reason);
+        let result = self.threads.reschedule(
+            &pending.chain.thread,
+            pending.row,
+            pending.send_at,
+            &pending.reason,
+        );
         self.finish_move(pending, result)
     }
 
@@ -249,8 +252,14 @@ impl<D: Db> Engine<'_, D> {
         }
     }
 
-    pub(super) fn cancel_row(&self, row: u64, reason: &str) -> Result<(), PluginError> {
-        match self.threads.cancel(row, reason) {
+    /// Cancel live row `row` of `thread`.
+    pub(super) fn cancel_row(
+        &self,
+        thread: &str,
+        row: u64,
+        reason: &str,
+    ) -> Result<(), PluginError> {
+        match self.threads.cancel(thread, row, reason) {
             // Already gone is what we wanted.
             Ok(()) | Err(ThreadsError::NoSuchRow(_)) => Ok(()),
             Err(e) => Err(dependency(e)),
@@ -268,7 +277,7 @@ impl<D: Db> Engine<'_, D> {
     ) -> Result<(), PluginError> {
         let action = match (chain.state, chain.row_id) {
             (ChainState::Scheduled, Some(row)) => {
-                self.cancel_row(row, reason)?;
+                self.cancel_row(&chain.thread, row, reason)?;
                 Action::Dropped
             }
             _ => Action::Resolved,

@@ -154,6 +154,21 @@ pub struct FakeCore {
     pub broken_row: Cell<Option<u64>>,
     /// Every batched call with its size, in order (`get-threads 3`, `reschedule-many 2`).
     pub batches: RefCell<Vec<String>>,
+    /// Every move or cancel refused for naming another thread's row ("thread → row of
+    /// owner"). The engine must never do that: a `FakeCore` dropped with one fails the test.
+    pub foreign: RefCell<Vec<String>>,
+}
+
+impl Drop for FakeCore {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert_eq!(
+                self.foreign.get_mut(),
+                &Vec::<String>::new(),
+                "the engine named rows of other threads"
+            );
+        }
+    }
 }
 
 impl FakeCore {
@@ -227,6 +242,20 @@ impl FakeCore {
             t.status = ThreadStatus::Idle;
             t.latest_request = Some(request.to_owned());
         });
+    }
+
+    /// As the core: a live row of another thread than the one named is refused as
+    /// `no-such-row`, and the refusal is kept in `foreign` ("thread named → row of owner").
+    fn own_row(&self, thread: &str, row: u64) -> Result<(), ThreadsError> {
+        match self.rows.borrow().get(&row) {
+            Some(r) if r.thread != thread => {
+                self.foreign
+                    .borrow_mut()
+                    .push(format!("{thread} → {row} of {}", r.thread));
+                Err(ThreadsError::NoSuchRow(row))
+            }
+            _ => Ok(()),
+        }
     }
 
     pub fn take_row(&self, row: u64) -> Option<QueuedRow> {
@@ -327,11 +356,18 @@ impl Threads for FakeCore {
         Ok(row)
     }
 
-    fn reschedule(&self, row: u64, send_at: u64, reason: &str) -> Result<QueuedRow, ThreadsError> {
+    fn reschedule(
+        &self,
+        thread: &str,
+        row: u64,
+        send_at: u64,
+        reason: &str,
+    ) -> Result<QueuedRow, ThreadsError> {
         self.check()?;
         if self.broken_row.get() == Some(row) {
             return Err(ThreadsError::Storage(format!("row {row} unwritable")));
         }
+        self.own_row(thread, row)?;
         self.calls.borrow_mut().push(format!("reschedule {row}"));
         let mut rows = self.rows.borrow_mut();
         let r = rows.get_mut(&row).ok_or(ThreadsError::NoSuchRow(row))?;
@@ -340,8 +376,9 @@ impl Threads for FakeCore {
         Ok(r.clone())
     }
 
-    fn cancel(&self, row: u64, _reason: &str) -> Result<(), ThreadsError> {
+    fn cancel(&self, thread: &str, row: u64, _reason: &str) -> Result<(), ThreadsError> {
         self.check()?;
+        self.own_row(thread, row)?;
         self.calls.borrow_mut().push(format!("cancel {row}"));
         self.take_row(row)
             .map(|_| ())
@@ -361,7 +398,7 @@ impl Threads for FakeCore {
             .push(format!("reschedule-many {}", moves.len()));
         moves
             .iter()
-            .map(|m| self.reschedule(m.row, m.send_at, &m.reason))
+            .map(|m| self.reschedule(&m.thread, m.row, m.send_at, &m.reason))
             .collect()
     }
 
