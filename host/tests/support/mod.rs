@@ -150,6 +150,24 @@ impl Served {
         }
     }
 
+    /// SIGTERM: the server shuts down as it does for a person (it must exit 0); the
+    /// directory stays, for [`Stopped::restart`].
+    pub fn terminate(mut self) -> Stopped {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = self.child.wait().expect("reap pooler serve");
+        assert_eq!(status.code(), Some(0), "pooler serve on SIGTERM");
+        Stopped {
+            dir: self.dir.take().expect("not killed before"),
+            config: self.config.clone(),
+            data: self.data.clone(),
+            secrets: std::mem::take(&mut self.secrets),
+        }
+    }
+
     /// Fail any command that prints `secret`, on standard output or error.
     pub fn never_prints(mut self, secret: &str) -> Self {
         self.secrets.push(secret.to_string());
