@@ -23,28 +23,14 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use rusqlite::OptionalExtension;
-use support::{Served, Stopped, eventually, integrity_check, read_only, relative};
+use support::{
+    Served, Stopped, add_api_key, core_db, databases_intact, eventually, plugin_db, read_only,
+};
 
 /// How long the restarted server may take to do what it must.
 const LIMIT: Duration = Duration::from_secs(30);
 
 const API_KEY: &str = "sk-ant-api03-crash-secret-CRSH";
-
-/// The one database file of plugin `role` under the data directory.
-fn plugin_db(data: &Path, role: &str) -> PathBuf {
-    let dir = data.join("plugins").join(role);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "sqlite3"))
-        .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    files.pop().unwrap()
-}
-
-fn core_db(data: &Path) -> rusqlite::Connection {
-    read_only(&data.join(pooler_core::db::FILE_NAME))
-}
 
 /// A thread's turn requests: (attempt, outcome, input accepted, finished).
 fn turns(data: &Path, thread: &str) -> Vec<(u32, Option<String>, bool, bool)> {
@@ -145,17 +131,6 @@ fn windows(data: &Path, account: &str) -> Vec<(String, Option<f64>, Option<i64>)
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap()
-}
-
-/// Every database under the data directory passes the checks, and the core's and both
-/// plugins' databases are among them.
-fn databases_intact(data: &Path) {
-    let files = relative(data, &integrity_check(data));
-    assert!(files.iter().any(|f| f == "core.sqlite3"), "{files:?}");
-    for role in ["account-pool", "provider-retry"] {
-        let prefix = format!("plugins/{role}/");
-        assert!(files.iter().any(|f| f.starts_with(&prefix)), "{files:?}");
-    }
 }
 
 fn now_ms() -> u64 {
@@ -789,27 +764,6 @@ fn keyed_claude() -> (String, Arc<Mutex<Vec<String>>>) {
         }
     });
     (url, keys)
-}
-
-fn add_api_key(served: &Served, key: &str, label: &str) -> String {
-    let out = served.pooler_with(
-        &[
-            "account",
-            "add",
-            "--provider",
-            "claude",
-            "--api-key",
-            "-",
-            "--label",
-            label,
-            "--json",
-        ],
-        &[],
-        Some(key),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", support::text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["account"]["id"].as_str().unwrap().to_owned()
 }
 
 /// The pool's accounts: (id, label), in their order.

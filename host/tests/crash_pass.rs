@@ -47,7 +47,7 @@ use account_pool::store::Store;
 use pooler_core::clock::SystemClock;
 use pooler_core::{Core, Provider, Route, TurnOutcome, TurnResult};
 use pooler_plugin_kit::NativeDb;
-use support::{Served, eventually, integrity_check, read_only, relative};
+use support::{Served, add_api_key, core_db, databases_intact, eventually, plugin_db, read_only};
 
 /// Threads seeded: more than one pass chunk, so the core's rows move in two commits and a
 /// kill between them leaves some moved and some not.
@@ -108,22 +108,6 @@ fn limited_claude(reset_ms: u64) -> (String, Arc<AtomicUsize>) {
         }
     });
     (url, count)
-}
-
-/// The one database file of plugin `role` under the data directory.
-fn plugin_db(data: &Path, role: &str) -> PathBuf {
-    let dir = data.join("plugins").join(role);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "sqlite3"))
-        .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    files.pop().unwrap()
-}
-
-fn core_db(data: &Path) -> rusqlite::Connection {
-    read_only(&data.join(pooler_core::db::FILE_NAME))
 }
 
 /// A live row of the core's queue.
@@ -229,38 +213,6 @@ fn windows(data: &Path) -> Vec<(String, String, Option<f64>, Option<i64>)> {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap()
-}
-
-/// Every database under the data directory passes the checks, and the core's and both
-/// plugins' databases are among them.
-fn databases_intact(data: &Path) {
-    let files = relative(data, &integrity_check(data));
-    assert!(files.iter().any(|f| f == "core.sqlite3"), "{files:?}");
-    for role in ["account-pool", "provider-retry"] {
-        let prefix = format!("plugins/{role}/");
-        assert!(files.iter().any(|f| f.starts_with(&prefix)), "{files:?}");
-    }
-}
-
-fn add_api_key(served: &Served, key: &str, label: &str) -> String {
-    let out = served.pooler_with(
-        &[
-            "account",
-            "add",
-            "--provider",
-            "claude",
-            "--api-key",
-            "-",
-            "--label",
-            label,
-            "--json",
-        ],
-        &[],
-        Some(key),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", support::text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["account"]["id"].as_str().unwrap().to_owned()
 }
 
 /// What the seed is: the server's configuration, a stopped copy of its data directory, and

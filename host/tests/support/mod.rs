@@ -540,3 +540,54 @@ pub fn read_only(path: &std::path::Path) -> rusqlite::Connection {
     conn.busy_timeout(Duration::from_secs(5)).unwrap();
     conn
 }
+
+/// The one database file of plugin `role` under the data directory.
+pub fn plugin_db(data: &std::path::Path, role: &str) -> std::path::PathBuf {
+    let dir = data.join("plugins").join(role);
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sqlite3"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.pop().unwrap()
+}
+
+/// A read-only connection to the core's database under the data directory.
+pub fn core_db(data: &std::path::Path) -> rusqlite::Connection {
+    read_only(&data.join(pooler_core::db::FILE_NAME))
+}
+
+/// Every database under the data directory passes the checks, and the core's and both
+/// plugins' databases are among them.
+pub fn databases_intact(data: &std::path::Path) {
+    let files = relative(data, &integrity_check(data));
+    assert!(files.iter().any(|f| f == "core.sqlite3"), "{files:?}");
+    for role in ["account-pool", "provider-retry"] {
+        let prefix = format!("plugins/{role}/");
+        assert!(files.iter().any(|f| f.starts_with(&prefix)), "{files:?}");
+    }
+}
+
+/// Add a Claude API-key account labelled `label` through `pooler account add` (the key on
+/// standard input); its id.
+pub fn add_api_key(served: &Served, key: &str, label: &str) -> String {
+    let out = served.pooler_with(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--api-key",
+            "-",
+            "--label",
+            label,
+            "--json",
+        ],
+        &[],
+        Some(key),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["account"]["id"].as_str().unwrap().to_owned()
+}
