@@ -127,7 +127,8 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Let a due pass finish the row it is gating; running turns are recorded as
     // interrupted at the next start.
     core.shutdown().await;
-    // Only our own file: another server may have started on this data directory since.
+    // Only our own file (the lock keeps other servers out, but someone may have put a
+    // file there by hand).
     server_file.remove_if_ours(&data_dir);
     // Released last, after every write to the directory.
     drop(lock);
