@@ -38,6 +38,7 @@
 //! ```
 
 pub mod admin;
+pub mod allocator;
 pub mod bindings;
 pub mod cli;
 pub mod config;

@@ -26,6 +26,8 @@ pub const WORKERS: usize = 2;
 
 /// Run a benchmark's `main` body on a multi-threaded runtime of [`WORKERS`] threads.
 pub fn run(body: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    // As `pooler`'s main does: the pool child is this binary, not `pooler`.
+    pooler_host::allocator::limit_arenas();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .enable_all()

@@ -100,6 +100,8 @@ pub struct UsageError(pub String);
 
 /// Parse the command line and run it.
 pub fn main() -> ExitCode {
+    // Before any thread starts (the runtime's, the compiler's).
+    crate::allocator::limit_arenas();
     // Usage errors exit 2, --help and --version 0 (clap's convention).
     let cli = Cli::parse();
     // `serve` logs at info; a client command only says what went wrong.
