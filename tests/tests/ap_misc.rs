@@ -648,3 +648,27 @@ async fn the_components_simd_skim_reads_sessions_at_every_block_offset() {
         );
     }
 }
+
+/// A request's body goes upstream framed by its length (`content-length`, the bytes the
+/// client sent), not as a chunked body: one write on the wire, and no chunked request for
+/// a server that refuses those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_body_goes_upstream_with_its_length_not_chunked() {
+    let pool = Pool::claude().await;
+    let request = pool.messages("S");
+    let sent = request.body().clone().collect().await.unwrap().to_bytes();
+    assert_eq!(pool.send(request).await.status, 200);
+    let received = pool.upstream.received();
+    let post = received
+        .iter()
+        .find(|r| r.method == "POST")
+        .expect("the POST went upstream");
+    assert_eq!(post.body, sent);
+    assert_eq!(
+        post.header("content-length"),
+        Some(sent.len().to_string().as_str()),
+        "{:?}",
+        post.headers
+    );
+    assert_eq!(post.header("transfer-encoding"), None, "{:?}", post.headers);
+}

@@ -48,6 +48,12 @@ impl Upstream for WasiUpstream {
         for (n, v) in request.headers.iter() {
             builder = builder.header(n, v);
         }
+        // The body is whole in hand: sent with its length, not chunked (one write on the
+        // wire instead of chunk framing and a separate end; the host checks the bytes
+        // written match it).
+        if !request.body.is_empty() || !matches!(request.method.as_str(), "GET" | "HEAD") {
+            builder = builder.header("content-length", request.body.len());
+        }
         let req = builder
             .body(Body::from(request.body))
             .map_err(|e| TransportError(format!("invalid request: {e}")))?;
