@@ -160,8 +160,12 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
             "tr[data-thread=\"{thread}\"] button[data-action=\"send-now\"]"
         ))
     });
-    h.wait_for("the retry to be sent", |h| {
-        h.turns(&thread).len() == 2
+    // Until the turn has finished, not just started: a started turn's request may not have
+    // reached the upstream yet (seen under load: the last request was still A's 429).
+    h.wait_for("the retry to be sent and answered", |h| {
+        h.turns(&thread)
+            .get(1)
+            .is_some_and(|t| t.finished_at.is_some())
             && h.core()
                 .list_rows(Some(&thread))
                 .is_ok_and(|r| r.is_empty())
