@@ -38,8 +38,9 @@ fn set_arena_max(cap: usize) -> bool {
     let Ok(cap) = libc::c_int::try_from(cap) else {
         return false;
     };
-    // SAFETY: mallopt only changes malloc's parameters; it is called before other threads
-    // run, and M_ARENA_MAX takes any positive value.
+    // SAFETY: mallopt only changes malloc's parameters, under glibc's own lock, and
+    // M_ARENA_MAX takes any positive value. (Called before other threads start, the cap
+    // holds for every arena they would make.)
     unsafe { libc::mallopt(libc::M_ARENA_MAX, cap) == 1 }
 }
 

@@ -650,8 +650,7 @@ async fn the_components_simd_skim_reads_sessions_at_every_block_offset() {
 }
 
 /// A request's body goes upstream framed by its length (`content-length`, the bytes the
-/// client sent), not as a chunked body: one write on the wire, and no chunked request for
-/// a server that refuses those.
+/// client sent), not as a chunked body, which some servers refuse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requests_body_goes_upstream_with_its_length_not_chunked() {
     let pool = Pool::claude().await;

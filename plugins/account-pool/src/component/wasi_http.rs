@@ -48,9 +48,9 @@ impl Upstream for WasiUpstream {
         for (n, v) in request.headers.iter() {
             builder = builder.header(n, v);
         }
-        // The body is whole in hand: sent with its length, not chunked (one write on the
-        // wire instead of chunk framing and a separate end; the host checks the bytes
-        // written match it).
+        // The body is whole in hand: sent with its length, not chunked (no chunk framing,
+        // and servers that refuse chunked requests take it; the host checks the bytes
+        // written match the length).
         if !request.body.is_empty() || !matches!(request.method.as_str(), "GET" | "HEAD") {
             builder = builder.header("content-length", request.body.len());
         }
