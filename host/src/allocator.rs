@@ -18,14 +18,12 @@ const OWN_SETTINGS: [&str; 2] = ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"];
 /// Cap glibc's malloc arenas at [`ARENAS_PER_CORE`] per core, at least four. Call it first
 /// thing in `main`, before any thread starts. Does nothing when `MALLOC_ARENA_MAX` or
 /// `GLIBC_TUNABLES` is set (the person's setting stands), or on a target without glibc.
-/// The cap it set, if any.
-pub fn limit_arenas() -> Option<usize> {
+pub fn limit_arenas() {
     if OWN_SETTINGS.iter().any(|v| std::env::var_os(v).is_some()) {
-        return None;
+        return;
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let cap = arena_cap(cores);
-    set_arena_max(cap).then_some(cap)
+    set_arena_max(arena_cap(cores));
 }
 
 /// The cap for `cores` cores.
