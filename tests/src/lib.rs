@@ -11,10 +11,18 @@ pub mod exports;
 pub mod harness;
 pub mod logs;
 pub mod pool;
-pub mod provider;
 pub mod threads;
-pub mod upstream;
 pub mod webdriver;
+
+/// The strict fake provider's contracts and reply shapes (shared with the week simulator).
+pub mod provider {
+    pub use pooler_fake_provider::contract::*;
+}
+
+/// The scripted fake upstream server (shared with the week simulator).
+pub mod upstream {
+    pub use pooler_fake_provider::server::*;
+}
 
 /// Paths of the fixture components built by `build.rs`.
 pub mod fixtures {

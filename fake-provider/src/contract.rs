@@ -32,7 +32,7 @@
 
 use serde_json::{Value, json};
 
-use crate::upstream::{Received, Reply};
+use crate::server::{Received, Reply};
 
 /// Which service a strict fake upstream stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

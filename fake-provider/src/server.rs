@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! # async fn demo() {
-//! use pooler_tests::upstream::{FakeUpstream, Gate, Reply};
+//! use pooler_fake_provider::server::{FakeUpstream, Gate, Reply};
 //! let upstream = FakeUpstream::start().await;
 //! let gate = Gate::new();
 //! upstream.push(Reply::status(429).header("retry-after", "30").body("slow down"));
@@ -30,7 +30,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use crate::provider::Contract;
+use crate::contract::Contract;
 
 /// A pause point the test opens when it wants the stream to go on.
 #[derive(Clone)]
@@ -258,7 +258,7 @@ impl FakeUpstream {
     }
 
     /// A strict fake of `contract`'s service: a request the real service would refuse gets
-    /// that refusal ([`crate::provider`]) and leaves the script alone; the others are
+    /// that refusal ([`crate::contract`]) and leaves the script alone; the others are
     /// answered from the script, then with `200 ok`.
     pub async fn strict(contract: Contract) -> FakeUpstream {
         Self::launch(
@@ -387,7 +387,7 @@ async fn answer(
     };
     let refusal = state
         .contract
-        .and_then(|contract| crate::provider::refusal(contract, &received));
+        .and_then(|contract| crate::contract::refusal(contract, &received));
     if let Some(refusal) = &refusal {
         state
             .refused
