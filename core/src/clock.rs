@@ -126,6 +126,47 @@ impl Clock for ManualClock {
     }
 }
 
+/// The clock of a tokio runtime whose time is paused (a `start_paused` current-thread
+/// runtime): it reads and sleeps on tokio's clock, which such a runtime moves by itself to
+/// the next timer whenever every task is idle. This is the week simulator's clock: virtual
+/// time goes from one event to the next (a request, a host timer, a window reset) and never
+/// waits for real. On a runtime whose time is not paused it is a real clock starting at
+/// `start_ms`.
+#[derive(Debug)]
+pub struct TokioClock {
+    start_ms: u64,
+    origin: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock that reads `start_ms` (unix epoch milliseconds) now. Must be created inside
+    /// the runtime whose clock it follows.
+    pub fn new(start_ms: u64) -> Arc<Self> {
+        Arc::new(TokioClock {
+            start_ms,
+            origin: tokio::time::Instant::now(),
+        })
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        self.start_ms + self.origin.elapsed().as_millis() as u64
+    }
+    fn monotonic_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+    fn sleep_until(&self, deadline_ms: u64) -> Sleep {
+        let after = Duration::from_millis(deadline_ms.saturating_sub(self.start_ms));
+        Box::pin(tokio::time::sleep_until(self.origin + after))
+    }
+    fn sleep_until_monotonic(&self, deadline_ns: u64) -> Sleep {
+        Box::pin(tokio::time::sleep_until(
+            self.origin + Duration::from_nanos(deadline_ns),
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +185,21 @@ mod tests {
         clock.set(3_100);
         late.await.unwrap();
         assert_eq!(clock.monotonic_ns(), 2_100 * 1_000_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tokio_clock_on_paused_time_jumps_to_the_next_timer_when_idle() {
+        let clock = TokioClock::new(1_000_000);
+        let real = std::time::Instant::now();
+        clock.sleep_until(1_000_000 + 7 * 24 * 3_600_000).await;
+        assert_eq!(clock.now_ms(), 1_000_000 + 7 * 24 * 3_600_000);
+        assert!(real.elapsed() < Duration::from_secs(5), "virtual, not real");
+        // A deadline before the clock's start is already due.
+        clock.sleep_until(5).await;
+        clock
+            .sleep_until_monotonic(clock.monotonic_ns() + 1_000_000_000)
+            .await;
+        assert_eq!(clock.now_ms(), 1_000_000 + 7 * 24 * 3_600_000 + 1_000);
     }
 
     #[tokio::test]
