@@ -31,6 +31,7 @@
 //!     clock: Arc::new(pooler_core::clock::SystemClock::new()),
 //!     threads: Arc::new(NoCore),
 //!     cache_dir: Some("/tmp/pooler/cache".into()),
+//!     seed: None,
 //! })?;
 //! let server = Server::bind(host, "127.0.0.1:8787".parse()?).await?;
 //! server.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;

@@ -49,6 +49,12 @@ pub struct HostOptions {
     /// The compile cache (precompiled components, see [`crate::engine`]), which any number
     /// of data directories and processes may share; `None` compiles on every start.
     pub cache_dir: Option<PathBuf>,
+    /// `Some` makes a run repeat exactly: every random number a plugin draws (WASI random)
+    /// comes from generators seeded with this, and a guest is never made to yield to other
+    /// tasks midway on its CPU ticks (when it yields would depend on real time). For the week
+    /// simulator, on a single-threaded runtime with a virtual clock. `None` (every server):
+    /// the operating system's random source, and busy guests yield.
+    pub seed: Option<u64>,
 }
 
 /// Why a call into a plugin failed. The plugin's next call starts from a fresh instance.
@@ -325,6 +331,7 @@ impl Host {
             clock,
             threads,
             cache_dir,
+            seed,
         } = options;
         let max_memory = Role::ALL
             .into_iter()
@@ -356,7 +363,7 @@ impl Host {
             ProviderRetryPre::new,
         )?;
         let databases = crate::imports::sqlite::ConnectionCache::new();
-        crate::imports::sqlite::ConnectionCache::spawn_checkpoints(&databases);
+        crate::imports::sqlite::ConnectionCache::spawn_checkpoints(&databases, seed.is_some());
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
             let Wiring {
                 availability,
@@ -376,6 +383,7 @@ impl Host {
                     changes,
                     databases,
                     metrics: Arc::default(),
+                    seeds: seed.map(|seed| Arc::new(crate::state::Seeds::new(seed))),
                 },
                 pool,
                 retry,
@@ -464,8 +472,9 @@ impl Host {
                 return Err(wasmtime::Error::new(DeadlineExceeded));
             }
             // A guest inside a database transaction may hold the write lock: parked behind
-            // other tasks it would keep every other instance of its plugin waiting.
-            if ctx.data().sqlite.in_transaction() {
+            // other tasks it would keep every other instance of its plugin waiting. A
+            // repeatable run never yields here: where a tick falls depends on real time.
+            if ctx.data().sqlite.in_transaction() || ctx.data().repeatable() {
                 return Ok(UpdateDeadline::Continue(1));
             }
             Ok(UpdateDeadline::Yield(1))

@@ -55,6 +55,34 @@ pub struct Services {
     pub databases: Arc<ConnectionCache>,
     /// The metrics registry (`metrics` import, `GET /metrics`).
     pub metrics: Arc<crate::metrics::Registry>,
+    /// Seeds for the stores' random generators, in a repeatable run
+    /// ([`crate::runtime::HostOptions::seed`]); `None`: the operating system's.
+    pub seeds: Option<Arc<Seeds>>,
+}
+
+/// The seeds of a repeatable run: each new store gets the next one, so the same sequence
+/// of stores draws the same random numbers.
+#[derive(Debug)]
+pub struct Seeds {
+    seed: u64,
+    stores: std::sync::atomic::AtomicU64,
+}
+
+impl Seeds {
+    pub fn new(seed: u64) -> Self {
+        Seeds {
+            seed,
+            stores: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The seed of the next store.
+    fn next(&self) -> u64 {
+        let n = self
+            .stores
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
 }
 
 /// The data of one `Store`.
@@ -74,6 +102,8 @@ pub struct PluginState {
     pub(crate) threads: ThreadsCtx,
     /// The client of the HTTP request this store handles (none for a plugin call).
     pub(crate) incoming_client: IncomingClientCtx,
+    /// A repeatable run ([`crate::runtime::HostOptions::seed`]).
+    repeatable: bool,
 }
 
 impl PluginState {
@@ -81,13 +111,21 @@ impl PluginState {
         let id = meta.id.clone();
         // Stdio is not connected: plugins log through the `log` import. Environment and
         // arguments are empty; there are no preopened directories or sockets.
-        let wasi = WasiCtx::builder()
-            .wall_clock(WallClock(services.clock.clone()))
+        let mut wasi = WasiCtx::builder();
+        wasi.wall_clock(WallClock(services.clock.clone()))
             .monotonic_clock(MonotonicClock(services.clock.clone()))
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+            .allow_ip_name_lookup(false);
+        if let Some(seeds) = &services.seeds {
+            use rand::SeedableRng;
+            let seed = seeds.next();
+            wasi.secure_random(rand::rngs::StdRng::seed_from_u64(seed))
+                .insecure_random(rand::rngs::StdRng::seed_from_u64(!seed))
+                .insecure_random_seed(u128::from(seed));
+        }
+        let repeatable = services.seeds.is_some();
+        let wasi = wasi.build();
         // A failed memory.grow returns -1 to the guest (which may handle it) instead of
         // trapping at once.
         let limits = StoreLimitsBuilder::new()
@@ -120,7 +158,13 @@ impl PluginState {
             threads: ThreadsCtx::new(id, services.threads.clone()),
             incoming_client: IncomingClientCtx::none(),
             meta,
+            repeatable,
         }
+    }
+
+    /// Part of a repeatable run: the guest never yields on its CPU ticks.
+    pub(crate) fn repeatable(&self) -> bool {
+        self.repeatable
     }
 }
 

@@ -104,6 +104,7 @@ async fn run() -> anyhow::Result<()> {
         clock: Arc::new(SystemClock::new()),
         threads: Arc::new(NoCore),
         cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
+        seed: None,
     })?;
     assert!(host.has_role(Role::AccountPool));
     let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?).await?;

@@ -64,6 +64,7 @@ async fn run() -> anyhow::Result<()> {
         clock: Arc::new(SystemClock::new()),
         threads: Arc::new(NoCore),
         cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
+        seed: None,
     })?;
 
     call_overhead(&host).await?;

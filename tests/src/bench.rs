@@ -56,6 +56,7 @@ pub async fn serve_pool(
         clock: Arc::new(SystemClock::new()),
         threads: Arc::new(NoCore),
         cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
+        seed: None,
     })?;
     let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?).await?;
     let url = format!("http://{}", server.local_addr()?);
@@ -90,6 +91,7 @@ pub async fn serve_like_pooler(
         clock,
         threads: core.threads_service(),
         cache_dir: Some(PathBuf::from(fixtures::COMPILE_CACHE)),
+        seed: None,
     })?;
     let core = core.attach(&host)?;
     let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?)
@@ -165,6 +167,7 @@ pub async fn start_once(data: &Path, cache: &Path) -> anyhow::Result<Duration> {
         clock,
         threads: core.threads_service(),
         cache_dir: Some(cache.to_path_buf()),
+        seed: None,
     })?;
     let core = core.attach(&host)?;
     let server = Server::bind(host.clone(), "127.0.0.1:0".parse()?)

@@ -217,6 +217,7 @@ fn start_host(config: &Config, data: &TempDir, clock: &Arc<ManualClock>) -> (Hos
         clock: clock.clone(),
         threads: link.threads_service(),
         cache_dir: Some(PathBuf::from(COMPILE_CACHE)),
+        seed: None,
     })
     .expect("start the host");
     let link = link.attach(&host).expect("attach the core");

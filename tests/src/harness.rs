@@ -114,6 +114,7 @@ fn start_host(
         clock: watched,
         threads: threads.clone(),
         cache_dir: Some(PathBuf::from(COMPILE_CACHE)),
+        seed: None,
     })
 }
 

@@ -29,6 +29,7 @@ pub(super) fn admin() -> (tempfile::TempDir, Admin) {
         clock: Arc::new(pooler_core::clock::SystemClock::new()),
         threads: Arc::new(NoCore),
         cache_dir: None,
+        seed: None,
     })
     .unwrap();
     let admin = Admin::new(

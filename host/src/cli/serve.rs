@@ -98,6 +98,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         clock,
         threads: core.threads_service(),
         cache_dir: Some(compile_cache.clone()),
+        seed: None,
     })?;
     let core = core.attach(&host)?;
     let server = Server::bind(host.clone(), listen)

@@ -218,6 +218,11 @@ impl ConnectionCache {
     /// stays free for requests, its page cache warm); a file with none idle waits for the
     /// next tick. Blocking; run off the runtime's workers.
     pub fn checkpoint(&self) {
+        self.checkpoint_with(RESTART_WAIT);
+    }
+
+    /// [`ConnectionCache::checkpoint`], a restart waiting at most `restart_wait`.
+    fn checkpoint_with(&self, restart_wait: Duration) {
         let slots: Vec<Arc<FileSlot>> = self
             .files
             .lock()
@@ -248,7 +253,7 @@ impl ConnectionCache {
                     // wait only for the frames committed meanwhile.
                     let ran = conn
                         .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                        .and_then(|()| conn.busy_timeout(RESTART_WAIT))
+                        .and_then(|()| conn.busy_timeout(restart_wait))
                         .and_then(|()| {
                             conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
                                 r.get::<_, i64>(0)
@@ -284,7 +289,13 @@ impl ConnectionCache {
 
     /// Checkpoint every [`CHECKPOINT_INTERVAL`] on the blocking pool, until `cache` is
     /// dropped. Needs a tokio runtime.
-    pub fn spawn_checkpoints(cache: &Arc<ConnectionCache>) {
+    ///
+    /// `inline` runs each tick on the runtime's own thread instead, and a restarting
+    /// checkpoint never waits for a reader: for a repeatable run on a single-threaded runtime
+    /// with paused time (the week simulator), where a task on the blocking pool would hold
+    /// the virtual clock still and make the runtime wait in real time, and where a reader
+    /// that holds the log is a task this thread would have to run first.
+    pub fn spawn_checkpoints(cache: &Arc<ConnectionCache>, inline: bool) {
         let weak = Arc::downgrade(cache);
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(CHECKPOINT_INTERVAL);
@@ -295,7 +306,11 @@ impl ConnectionCache {
                 let Some(cache) = weak.upgrade() else {
                     return;
                 };
-                let _ = tokio::task::spawn_blocking(move || cache.checkpoint()).await;
+                if inline {
+                    cache.checkpoint_with(Duration::ZERO);
+                } else {
+                    let _ = tokio::task::spawn_blocking(move || cache.checkpoint()).await;
+                }
             }
         });
     }
