@@ -476,6 +476,20 @@ pub async fn run(inv: &Invocation, cli: Cli, limits: &AgentLimits) -> std::io::R
     })
 }
 
+/// What runs an agent turn's [`Invocation`]. The host starts an operating-system process
+/// ([`run`]) unless its embedder gives it a launcher of its own: the week simulator plays
+/// Claude Code and Codex in-process, so a turn there costs no process and sleeps on the
+/// virtual clock. A launcher reports what the process would have: the CLI's output (parse it
+/// with [`parse_output`]), its exit status, and the end of its standard error; the host
+/// still bounds it by the turn's time limit.
+pub trait Launcher: Send + Sync + 'static {
+    fn launch<'a>(
+        &'a self,
+        invocation: &'a Invocation,
+        cli: Cli,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<Run>> + Send + 'a>>;
+}
+
 /// One answer the host's listener gave on a route (see [`Observation`]).
 #[derive(Debug, Clone)]
 pub struct Observed {

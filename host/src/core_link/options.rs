@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pooler_core::agent::{AgentLimits, Cli};
+use std::sync::Arc;
+
+use pooler_core::agent::{AgentLimits, Cli, Launcher};
 use pooler_core::driver::DriverConfig;
 use pooler_core::retention::Retention;
 
@@ -31,7 +33,7 @@ pub struct CoreOptions {
 }
 
 /// Where the agent CLIs are and how long a turn may run.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct AgentOptions {
     /// Claude Code's binary from the configuration (else `POOLER_CLAUDE_CODE_BIN`, else
     /// `claude` on `PATH`).
@@ -39,6 +41,20 @@ pub struct AgentOptions {
     /// Codex's binary from the configuration (else `POOLER_CODEX_BIN`, else `codex`).
     pub codex: Option<PathBuf>,
     pub limits: AgentLimits,
+    /// Runs the agents' turns in place of operating-system processes (the week simulator's
+    /// models of the CLIs); `None` starts the binaries. With one, no binary is looked for.
+    pub launcher: Option<Arc<dyn Launcher>>,
+}
+
+impl std::fmt::Debug for AgentOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentOptions")
+            .field("claude_code", &self.claude_code)
+            .field("codex", &self.codex)
+            .field("limits", &self.limits)
+            .field("launcher", &self.launcher.as_ref().map(|_| "in-process"))
+            .finish()
+    }
 }
 
 impl AgentOptions {
@@ -50,6 +66,7 @@ impl AgentOptions {
                 time_limit: Duration::from_secs(config.turn_time_limit_s),
                 ..AgentLimits::default()
             },
+            launcher: None,
         }
     }
 
@@ -60,6 +77,10 @@ impl AgentOptions {
             Cli::ClaudeCode => (&self.claude_code, "POOLER_CLAUDE_CODE_BIN", "claude"),
             Cli::Codex => (&self.codex, "POOLER_CODEX_BIN", "codex"),
         };
+        if self.launcher.is_some() {
+            // The launcher plays the CLI: the name only shows in the invocation.
+            return Ok(configured.clone().unwrap_or_else(|| PathBuf::from(name)));
+        }
         let agent = cli.agent();
         let executable = |p: &Path| {
             use std::os::unix::fs::PermissionsExt;

@@ -155,8 +155,27 @@ impl Inner {
         // Noted while it runs, so the next start kills it if this process is killed outright.
         invocation.group_notes = Some(host.data_dir().join(agent::GROUP_NOTES));
         let tap = host.taps().watch(&route.token, plan.provider);
+        let limits = &self.options.agents.limits;
+        let launched = async {
+            match &self.options.agents.launcher {
+                None => agent::run(&invocation, cli, limits).await,
+                Some(launcher) => {
+                    match tokio::time::timeout(limits.time_limit, launcher.launch(&invocation, cli))
+                        .await
+                    {
+                        Ok(ran) => ran,
+                        Err(_) => Ok(agent::Run {
+                            report: agent::CliReport::default(),
+                            status: None,
+                            timed_out: true,
+                            stderr_tail: String::new(),
+                        }),
+                    }
+                }
+            }
+        };
         let ran = tokio::select! {
-            ran = agent::run(&invocation, cli, &self.options.agents.limits) => Ok(ran),
+            ran = launched => Ok(ran),
             why = stop_reason(stopped) => Err(why),
         };
         let seen = tap.observation();
