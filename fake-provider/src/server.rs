@@ -64,6 +64,9 @@ pub enum Step {
     Pause(Gate),
     /// Break the connection here (the client sees a truncated body).
     Disconnect,
+    /// Wait this long on tokio's clock: real time in the tests, virtual time under a paused
+    /// runtime (the week simulator's streams take their time without anyone waiting).
+    Delay(std::time::Duration),
 }
 
 /// A scripted response.
@@ -128,6 +131,12 @@ impl Reply {
     /// Stop streaming until `gate` opens.
     pub fn pause(mut self, gate: &Gate) -> Self {
         self.steps.push(Step::Pause(gate.clone()));
+        self
+    }
+
+    /// Wait `by` on tokio's clock before the next step of the body.
+    pub fn delay(mut self, by: std::time::Duration) -> Self {
+        self.steps.push(Step::Delay(by));
         self
     }
 
@@ -431,6 +440,7 @@ async fn answer(
                     }
                 }
                 Step::Pause(gate) => gate.passed().await,
+                Step::Delay(by) => tokio::time::sleep(by).await,
                 Step::Disconnect => {
                     let _ = tx
                         .send(Err(std::io::Error::other("scripted: disconnect")))
