@@ -355,7 +355,8 @@ pub fn kill_left_behind(dir: &Path) -> std::io::Result<Vec<i32>> {
     let mut killed = Vec::new();
     for entry in entries {
         let path = entry?.path();
-        let noted = std::fs::read_to_string(&path).unwrap_or_default();
+        // A note that is not this user's own names no group of ours.
+        let noted = crate::private_file::read_private_file(&path).unwrap_or_default();
         let pgid = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -1234,5 +1235,29 @@ mod tests {
         std::fs::remove_dir_all(notes.parent().unwrap()).unwrap();
         // Nothing noted: nothing to do.
         assert!(kill_left_behind(&notes).unwrap().is_empty());
+    }
+
+    /// A note anyone could have written (here one others can write) names no group of ours:
+    /// the group it names is left running, and the note removed.
+    #[test]
+    fn a_note_others_could_have_written_kills_nothing() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let notes = std::env::temp_dir()
+            .join(crate::ids::new_id("pooler-agent-notes"))
+            .join(GROUP_NOTES);
+        let mut running = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let note = note_group(&notes, running.id() as i32).unwrap();
+        std::fs::set_permissions(&note, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(kill_left_behind(&notes).unwrap(), Vec::<i32>::new());
+        assert!(running.try_wait().unwrap().is_none(), "left running");
+        assert!(!note.exists(), "the note is removed");
+        running.kill().unwrap();
+        running.wait().unwrap();
+        std::fs::remove_dir_all(notes.parent().unwrap()).unwrap();
     }
 }

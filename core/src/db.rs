@@ -166,7 +166,12 @@ const MIGRATIONS: &[&str] = &[
 /// Opens (creating if needed) the core database in `data_dir` and brings its schema up to
 /// date. Returns the connection and the file's path.
 pub fn open(data_dir: &Path) -> Result<(Connection, PathBuf), CoreError> {
-    crate::private_file::create_private_dir(data_dir)?;
+    crate::private_file::create_private_dir(data_dir).map_err(|e| {
+        CoreError::Storage(format!(
+            "cannot use the data directory {}: {e}",
+            data_dir.display()
+        ))
+    })?;
     let path = data_dir.join(FILE_NAME);
     // Private from its creation on: it holds route tokens. What must survive a power loss (a
     // turn about to be sent to a provider), `synchronous=NORMAL` does not sync:
@@ -178,7 +183,7 @@ pub fn open(data_dir: &Path) -> Result<(Connection, PathBuf), CoreError> {
         wal_autocheckpoint: None,
     };
     let mut conn = sqlite_file::open(&path, &settings).map_err(|e| match e {
-        OpenError::File(e) => CoreError::from(e),
+        OpenError::File(e) => CoreError::Storage(format!("{}: {e}", path.display())),
         OpenError::Sqlite(e) => CoreError::from(e),
     })?;
     migrate(&mut conn)?;

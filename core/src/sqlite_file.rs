@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
-use crate::private_file::{Existing, create_private_file};
+use crate::private_file::{Existing, create_private_file, make_private};
 
 /// Prepared statements kept per connection: room for every statement the core runs (about
 /// 60) or a plugin issues (a few dozen), so none is parsed twice; preparing one costs more
@@ -45,8 +45,8 @@ pub enum Busy {
 pub enum ExistingFile {
     /// Open it for appending (so it must be writable) and make it 0600.
     Open,
-    /// Only make it 0600, by its path, leaving whatever it is for SQLite to open or
-    /// refuse.
+    /// Only make it 0600 (through a read-only handle), leaving its contents for SQLite to
+    /// open or refuse.
     SetMode,
 }
 
@@ -92,25 +92,16 @@ pub fn open(path: &Path, settings: &Settings) -> Result<Connection, OpenError> {
 }
 
 /// Create the database file 0600 before SQLite opens it, so it is never readable by others,
-/// not even for an instant (SQLite gives its -wal and -shm files the database's mode).
+/// not even for an instant (SQLite gives its -wal and -shm files the database's mode). A
+/// file already there is checked first ([`create_private_file`]'s rules: no symbolic link,
+/// this user's, one link).
 fn private_database_file(path: &Path, existing: ExistingFile) -> io::Result<()> {
     match existing {
         ExistingFile::Open => create_private_file(path, Existing::Append).map(drop),
         ExistingFile::SetMode => match create_private_file(path, Existing::Fail) {
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => set_private_mode(path),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => make_private(path),
             Err(e) => Err(e),
         },
     }
-}
-
-#[cfg(unix)]
-fn set_private_mode(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-}
-
-#[cfg(not(unix))]
-fn set_private_mode(_path: &Path) -> io::Result<()> {
-    Ok(())
 }

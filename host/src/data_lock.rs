@@ -14,10 +14,11 @@
 //! The other commands (`pooler account`, `thread`, `retry`, …) never open the databases:
 //! they write through the running server's admin API, so they need no lock.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use pooler_core::private_file::{Existing, create_private_file};
 use serde::{Deserialize, Serialize};
 
 /// The lock file's name inside the data directory.
@@ -55,12 +56,7 @@ impl DataDirLock {
     /// errors.
     pub fn acquire(data_dir: &Path) -> anyhow::Result<DataDirLock> {
         let path = data_dir.join(LOCK_FILE);
-        let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true).truncate(false);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options
-            .open(&path)
+        let mut file = create_private_file(&path, Existing::Keep)
             .map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
         match file.try_lock() {
             Ok(()) => {}

@@ -226,13 +226,11 @@ fn entry_name(engine: &Engine, bytes: &[u8]) -> String {
     format!("{hex}.cwasm")
 }
 
-/// Create `dir` (0700) if needed and check it is this user's alone.
+/// Create `dir` (0700) if needed and check it is this user's alone
+/// ([`pooler_core::private_file::create_private_dir`]: one others can write is refused).
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
     pooler_core::private_file::create_private_dir(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
-    let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-    anyhow::ensure!(meta.is_dir(), "{} is not a directory", dir.display());
-    owned_and_private(&meta).map_err(|why| anyhow::anyhow!("{}: {why}", dir.display()))
+        .with_context(|| format!("cannot use {}", dir.display()))
 }
 
 /// An entry must be a regular file (not a link) of this user's, writable by no one else.
@@ -240,32 +238,7 @@ fn private_file(meta: &std::fs::Metadata) -> Result<(), String> {
     if !meta.file_type().is_file() {
         return Err("not a regular file".into());
     }
-    owned_and_private(meta)
-}
-
-#[cfg(unix)]
-fn owned_and_private(meta: &std::fs::Metadata) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(format!(
-            "owned by uid {}, not by this user ({me})",
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "writable by others (mode {:o})",
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-fn owned_and_private(_meta: &std::fs::Metadata) -> Result<(), String> {
-    Ok(())
+    pooler_core::private_file::owned_and_private(meta)
 }
 
 /// Write `artifact` to `entry` atomically: a private temporary file in the same directory,
@@ -282,12 +255,11 @@ fn store(dir: &Path, entry: &Path, artifact: &[u8]) -> anyhow::Result<()> {
         std::process::id(),
         u64::from_le_bytes(nonce)
     ));
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let written = (|| {
-        let mut file = options.open(&temp)?;
+        let mut file = pooler_core::private_file::create_private_file(
+            &temp,
+            pooler_core::private_file::Existing::Fail,
+        )?;
         file.write_all(artifact)?;
         file.sync_all()?;
         std::fs::rename(&temp, entry)

@@ -297,6 +297,14 @@ fn load<P>(
         )
     })?;
     let settings = config.plugin(role);
+    // The plugin's directory and the one it is in, checked before anything in them is read:
+    // another user's, or one others can write, is refused.
+    let plugins = data_dir.join("plugins");
+    let dir = plugins.join(id);
+    for dir in [&plugins, &dir] {
+        pooler_core::private_file::create_private_dir(dir)
+            .with_context(|| format!("cannot use the plugin directory {}", dir.display()))?;
+    }
     let meta = PluginMeta {
         id: Arc::from(id),
         role,
@@ -306,9 +314,9 @@ fn load<P>(
         error_body_timeout: Duration::from_millis(settings.error_body_timeout_ms),
         allow: Arc::new(AllowList::with_grants(
             &config.allowed_hosts(role),
-            data_dir.join("plugins").join(id).join(GRANTS_FILE),
+            dir.join(GRANTS_FILE),
         )?),
-        dir: data_dir.join("plugins").join(id),
+        dir,
     };
     tracing::info!(plugin = id, source = %meta.source, compile_cache = cache, "plugin loaded");
     Ok(Some(Loaded {
@@ -333,6 +341,8 @@ impl Host {
             cache_dir,
             seed,
         } = options;
+        pooler_core::private_file::create_private_dir(&data_dir)
+            .with_context(|| format!("cannot use the data directory {}", data_dir.display()))?;
         let max_memory = Role::ALL
             .into_iter()
             .map(|role| config.plugin(role).memory_mib)

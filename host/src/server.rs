@@ -152,7 +152,7 @@ fn write_admin_token(data_dir: &Path) -> anyhow::Result<String> {
         .map_err(|e| anyhow::anyhow!("no randomness for the admin token: {e}"))?;
     let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     pooler_core::private_file::create_private_dir(data_dir)
-        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+        .with_context(|| format!("cannot use the data directory {}", data_dir.display()))?;
     let path = data_dir.join(ADMIN_TOKEN_FILE);
     let mut file = create_private_file(&path, Existing::Truncate)
         .with_context(|| format!("cannot write {}", path.display()))?;

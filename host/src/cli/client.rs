@@ -1,9 +1,11 @@
 //! How a command finds and talks to the running server: `DATA_DIR/server.json` (written by
 //! `pooler serve`) says where it listens, `DATA_DIR/admin-token` is the bearer token, and
-//! every call is one JSON request to the admin API ([`crate::admin`]). A refused request
-//! becomes an [`ApiFailure`] whose message is the server's.
+//! every call is one JSON request to the admin API ([`crate::admin`]). Both files are
+//! trusted only when no one else can have written them, and only a loopback address is
+//! called: the token goes with every call. A refused request becomes an [`ApiFailure`]
+//! whose message is the server's.
 
-use pooler_core::private_file::{Existing, create_private_file};
+use pooler_core::private_file::{Existing, create_private_file, read_private_file};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -96,18 +98,52 @@ impl ServerFile {
             .with_context(|| format!("cannot write {}", path.display()))
     }
 
-    /// Read the file; `None` when there is none (or it is not ours to understand).
-    pub fn read(data_dir: &Path) -> Option<ServerFile> {
-        let text = std::fs::read_to_string(data_dir.join(SERVER_FILE)).ok()?;
-        serde_json::from_str(&text).ok()
+    /// Read the file, trusted only when no one else can have written it (this user's,
+    /// writable by no one else, not a link: [`read_private_file`]), else an error saying
+    /// why; `None` when there is none (or it is not ours to understand).
+    pub fn read(data_dir: &Path) -> anyhow::Result<Option<ServerFile>> {
+        let path = data_dir.join(SERVER_FILE);
+        match read_private_file(&path) {
+            Ok(text) => Ok(serde_json::from_str(&text).ok()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(untrusted(&path, &e)),
+        }
+    }
+
+    /// Where to reach the server: `url` as `pooler serve` writes it, `http://IP:PORT` with a
+    /// loopback IP. Anything else (a name, another address, credentials, a path) is
+    /// refused, since the commands send the admin token there.
+    pub fn loopback_addr(&self) -> Result<SocketAddr, String> {
+        let addr = self
+            .url
+            .strip_prefix("http://")
+            .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
+            .and_then(|rest| rest.parse::<SocketAddr>().ok());
+        match addr {
+            Some(addr) if addr.ip().to_canonical().is_loopback() => Ok(addr),
+            _ => Err(format!(
+                "it names {:?}, not a loopback address (http://127.0.0.1:PORT), and the \
+                 commands send the admin token only to this machine's loopback",
+                self.url
+            )),
+        }
     }
 
     /// Remove the file if it still describes this server.
     pub fn remove_if_ours(&self, data_dir: &Path) {
-        if Self::read(data_dir).as_ref() == Some(self) {
+        if matches!(Self::read(data_dir), Ok(Some(file)) if file == *self) {
             let _ = std::fs::remove_file(data_dir.join(SERVER_FILE));
         }
     }
+}
+
+/// The refusal of a file in the data directory someone else may have written.
+fn untrusted(path: &Path, why: &dyn std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!(
+        "not trusting {}: {why}. `pooler serve` writes it as yours alone (0600); someone else \
+         may have replaced it: remove it and start `pooler serve` again",
+        path.display()
+    )
 }
 
 /// No server answers for the data directory (none started, or it stopped): the message says
@@ -142,17 +178,22 @@ impl Client {
                 data_dir.display()
             ))
         };
-        let server = ServerFile::read(data_dir).ok_or_else(not_serving)?;
-        let token = std::fs::read_to_string(data_dir.join(ADMIN_TOKEN_FILE))
-            .map_err(|_| not_serving())?
-            .trim()
-            .to_owned();
+        let server = ServerFile::read(data_dir)?.ok_or_else(not_serving)?;
+        let addr = server
+            .loopback_addr()
+            .map_err(|why| untrusted(&data_dir.join(SERVER_FILE), &why))?;
+        let token_path = data_dir.join(ADMIN_TOKEN_FILE);
+        let token = match read_private_file(&token_path) {
+            Ok(token) => token.trim().to_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_serving().into()),
+            Err(e) => return Err(untrusted(&token_path, &e)),
+        };
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
         connector.set_nodelay(true);
         Ok(Client {
             http: HttpClient::builder(TokioExecutor::new()).build(connector),
-            url: server.url.trim_end_matches('/').to_owned(),
+            url: format!("http://{addr}"),
             token,
             data_dir: data_dir.to_owned(),
         })
@@ -243,4 +284,59 @@ impl Client {
 pub fn field<T: serde::de::DeserializeOwned>(answer: &Value, name: &str) -> anyhow::Result<T> {
     serde_json::from_value(answer[name].clone())
         .with_context(|| format!("the server's answer has no valid `{name}`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(url: &str) -> ServerFile {
+        ServerFile {
+            url: url.to_owned(),
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn only_a_loopback_address_is_called() {
+        for (url, addr) in [
+            ("http://127.0.0.1:8787", "127.0.0.1:8787"),
+            ("http://127.0.0.1:8787/", "127.0.0.1:8787"),
+            ("http://127.1.2.3:9", "127.1.2.3:9"),
+            ("http://[::1]:8787", "[::1]:8787"),
+            ("http://[::ffff:127.0.0.1]:8787", "[::ffff:127.0.0.1]:8787"),
+        ] {
+            assert_eq!(
+                file(url).loopback_addr(),
+                Ok(addr.parse().unwrap()),
+                "{url}"
+            );
+        }
+        for url in [
+            "http://0.0.0.0:8787",
+            "http://[::]:8787",
+            "http://192.0.2.1:8787",
+            "http://10.0.0.1:8787",
+            "http://[::ffff:192.0.2.1]:8787",
+            "http://localhost:8787",
+            "http://me@127.0.0.1:8787",
+            "http://127.0.0.1:8787@192.0.2.1:80",
+            "http://127.0.0.1:8787/admin",
+            "http://127.0.0.1",
+            "https://127.0.0.1:8787",
+            "127.0.0.1:8787",
+            "",
+        ] {
+            let why = file(url).loopback_addr().unwrap_err();
+            assert!(why.contains("loopback"), "{url}: {why}");
+        }
+    }
+
+    #[test]
+    fn the_file_pooler_serve_writes_names_a_loopback_address() {
+        for listen in ["127.0.0.1:8787", "0.0.0.0:8787", "[::]:8787", "[::1]:8787"] {
+            let written = ServerFile::new(listen.parse().unwrap());
+            assert!(written.loopback_addr().is_ok(), "{listen}: {}", written.url);
+        }
+    }
 }

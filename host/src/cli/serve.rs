@@ -72,8 +72,10 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config.server.listen = listen;
     }
     let data_dir = super::data_dir(args.data_dir)?;
+    // Before anything is read from or written to it: another user's, or one others can
+    // write, is refused.
     pooler_core::private_file::create_private_dir(&data_dir)
-        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+        .with_context(|| format!("cannot use the data directory {}", data_dir.display()))?;
     // Before anything else touches the directory: a second server must not run recovery
     // against this one's live turns nor replace its admin token.
     let mut lock = DataDirLock::acquire(&data_dir)?;

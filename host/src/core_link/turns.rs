@@ -3,7 +3,6 @@
 //! route in its environment, watched at the listener ([`crate::tap`]); a cancel or an archive
 //! stops it. The outcome is recorded in the core with its event.
 
-use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -208,17 +207,12 @@ impl Inner {
         if let Some(dir) = &plan.agent.cwd {
             return Ok(PathBuf::from(dir));
         }
-        let dir = host.data_dir().join("threads").join(&plan.thread);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| {
-                format!(
-                    "cannot create the thread's directory {}: {e}",
-                    dir.display()
-                )
-            })?;
+        let threads = host.data_dir().join("threads");
+        let dir = threads.join(&plan.thread);
+        for dir in [&threads, &dir] {
+            pooler_core::private_file::create_private_dir(dir)
+                .map_err(|e| format!("cannot use the thread's directory {}: {e}", dir.display()))?;
+        }
         Ok(dir)
     }
 }

@@ -323,12 +323,13 @@ impl AllowList {
     }
 
     /// The configured `entries` plus the grants kept in `grants_file` (a missing file is no
-    /// grants).
+    /// grants). A file someone else could have written (another user's, one others can
+    /// write, a symbolic link) is an error: it would grant their hosts.
     pub fn with_grants(
         entries: &[String],
         grants_file: std::path::PathBuf,
     ) -> anyhow::Result<Self> {
-        let granted = match std::fs::read_to_string(&grants_file) {
+        let granted = match pooler_core::private_file::read_private_file(&grants_file) {
             Ok(text) => text.lines().filter_map(parse_grant).collect(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => {
@@ -399,13 +400,19 @@ impl AllowList {
             }
         }
         if let Some(dir) = file.parent() {
-            std::fs::create_dir_all(dir)?;
+            pooler_core::private_file::create_private_dir(dir)
+                .map_err(|e| anyhow::anyhow!("cannot use {}: {e}", dir.display()))?;
         }
-        // Written aside and renamed over: a crash leaves the old list or the new one.
+        // Written aside (0600, like every file in the data directory) and renamed over: a
+        // crash leaves the old list or the new one.
         let partial = file.with_extension("partial");
-        std::fs::write(&partial, text)
-            .and_then(|()| std::fs::rename(&partial, file))
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))
+        pooler_core::private_file::create_private_file(
+            &partial,
+            pooler_core::private_file::Existing::Truncate,
+        )
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .and_then(|()| std::fs::rename(&partial, file))
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))
     }
 
     /// Whether a request to `uri` may be sent: its scheme, host and port are on the list,
@@ -892,6 +899,33 @@ mod tests {
         // Plain http beyond loopback is never granted.
         assert!(list.set_grant("upstream", "http://third.test").is_err());
         assert!(list.allows(&uri("https://third.test/")), "nothing changed");
+    }
+
+    /// The grants file is private (0600) however it was written, and one someone else could
+    /// have written is not read: it would grant their hosts.
+    #[cfg(unix)]
+    #[test]
+    fn the_grants_file_is_private_and_one_others_could_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plugin").join("allowed-hosts");
+        let list = AllowList::with_grants(&[], file.clone()).unwrap();
+        list.set_grant("upstream", "https://mine.test").unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode();
+        assert_eq!(mode(&file) & 0o777, 0o600);
+        assert_eq!(mode(file.parent().unwrap()) & 0o777, 0o700);
+
+        std::fs::write(&file, "upstream https://theirs.test:443\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = AllowList::with_grants(&[], file.clone()).unwrap_err();
+        assert!(e.to_string().contains("writable by others"), "{e}");
+
+        let planted = dir.path().join("planted");
+        std::fs::rename(&file, &planted).unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&planted, &file).unwrap();
+        let e = AllowList::with_grants(&[], file.clone()).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
     }
 
     /// A grants file of the earlier, keyless format (`host:port` lines) still loads: each

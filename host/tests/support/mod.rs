@@ -78,14 +78,41 @@ impl Served {
         Served::launch(dir, path)
     }
 
+    /// [`Served::start_with`] under `umask` (octal, as the shell's `umask` takes it): the
+    /// server is started by `sh -c 'umask …; exec pooler serve …'`.
+    pub fn start_with_umask(umask: &str, config_extra: &str) -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("pooler.toml");
+        std::fs::write(
+            &config,
+            format!("[plugins.account-pool]\ncomponent = \"embedded\"\n{config_extra}\n"),
+        )
+        .unwrap();
+        Served::launch_with(dir, config, Some(umask))
+    }
+
     fn launch(dir: tempfile::TempDir, config: PathBuf) -> Served {
+        Served::launch_with(dir, config, None)
+    }
+
+    fn launch_with(dir: tempfile::TempDir, config: PathBuf, umask: Option<&str>) -> Served {
         let data = dir.path().join("data");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.path().join("serve.log"))
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
+        let mut command = match umask {
+            None => Command::new(env!("CARGO_BIN_EXE_pooler")),
+            Some(umask) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_pooler"));
+                sh
+            }
+        };
+        let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config)
             .arg("--data-dir")

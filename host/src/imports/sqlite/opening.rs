@@ -2,7 +2,6 @@
 //! recipe ([`pooler_core::sqlite_file`]) with the host's settings, and the authorizer that
 //! keeps statements inside the plugin's own file.
 
-use std::fs;
 use std::path::Path;
 
 use pooler_core::sqlite_file::{self, Busy, ExistingFile, OpenError, Settings};
@@ -72,28 +71,11 @@ pub fn check_name(name: &str) -> Result<(), Error> {
     }
 }
 
-/// Create `dir` (and parents) and make it private to the owner.
-fn private_dir(dir: &Path) -> std::io::Result<()> {
-    fs::create_dir_all(dir)?;
-    set_mode(dir, 0o700)
-}
-
-#[cfg(unix)]
-fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-}
-
-#[cfg(not(unix))]
-fn set_mode(_path: &Path, _mode: u32) -> std::io::Result<()> {
-    Ok(())
-}
-
 /// Open `name` in `dir` with the host's settings.
 pub fn open(dir: &Path, name: &str) -> Result<rusqlite::Connection, Error> {
     check_name(name)?;
-    private_dir(dir)
-        .map_err(|e| Error::Io(format!("cannot create the plugin's directory: {e}")))?;
+    pooler_core::private_file::create_private_dir(dir)
+        .map_err(|e| Error::Io(format!("cannot use the plugin's directory: {e}")))?;
     let path = dir.join(format!("{name}.sqlite3"));
     let settings = Settings {
         flags: OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -300,7 +282,7 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode(&dir), 0o700);
             assert_eq!(mode(&dir.join("db.sqlite3")), 0o600);
         }
