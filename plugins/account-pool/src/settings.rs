@@ -81,7 +81,7 @@ pub const SPECS: [Spec; 15] = [
         key: "pin-cap",
         default: "4096",
         kind: Kind::Count(1, 1_000_000),
-        description: "The most session pins kept; the least recently used is evicted (1 to 1000000).",
+        description: "The most session pins kept; the least recently used is evicted (1 to 1000000). It also bounds the attempts kept to explain sessions: those of the pin-cap most recently active sessions (an eighth more, at least 16, between two trims), the latest 20 of each.",
     },
     Spec {
         key: "pin-lifetime",

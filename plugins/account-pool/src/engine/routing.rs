@@ -483,10 +483,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             .attempts
             .push((account.to_owned(), outcome.as_str()));
         match ctx.key {
-            Some(key) => {
-                self.store
-                    .record_attempt(ctx.provider, key, at, account, status, outcome.as_str())
-            }
+            Some(key) => self.store.record_attempt(
+                ctx.provider,
+                key,
+                at,
+                account,
+                status,
+                outcome.as_str(),
+                ctx.settings.pin_cap,
+            ),
             None => Ok(()),
         }
     }
