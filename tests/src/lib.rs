@@ -12,6 +12,7 @@ pub mod harness;
 pub mod logs;
 pub mod pool;
 pub mod provider;
+pub mod raw;
 pub mod threads;
 pub mod upstream;
 pub mod webdriver;
