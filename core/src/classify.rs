@@ -14,6 +14,7 @@ use hyper::HeaderMap;
 use serde_json::Value;
 
 use crate::model::{Failure, FailureCategory as C, FailureOrigin, Timestamp};
+use crate::ratelimit::RESET_HORIZON_MS;
 
 /// The header the pool sets on every answer it makes itself.
 pub const POOL_ORIGIN_HEADER: &str = "x-pooler-origin";
@@ -35,21 +36,30 @@ pub fn origin_of(headers: &HeaderMap) -> FailureOrigin {
 }
 
 /// Parses a `Retry-After` value: delay seconds (a fraction is rounded up) or an HTTP date.
-/// Returns the absolute deadline.
+/// Returns the absolute deadline; None when unreadable or further ahead than
+/// [`RESET_HORIZON_MS`] (a date in year 9999 is no deadline to schedule a retry for).
 pub fn parse_retry_after(value: &str, now: Timestamp) -> Option<Timestamp> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<f64>() {
+    let at = if let Ok(seconds) = value.parse::<f64>() {
         if !seconds.is_finite() || seconds < 0.0 {
             return None;
         }
-        return Some(now.saturating_add((seconds.ceil() as u64).saturating_mul(1000)));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(UNIX_EPOCH).ok()?.as_millis() as Timestamp)
+        // `as` saturates a float too large for the integer.
+        now.saturating_add((seconds.ceil() as u64).saturating_mul(1000))
+    } else {
+        let at = httpdate::parse_http_date(value).ok()?;
+        u64::try_from(at.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()?
+    };
+    within_horizon(at, now)
+}
+
+/// `at` when it lies at most [`RESET_HORIZON_MS`] after `now` (passed included).
+fn within_horizon(at: Timestamp, now: Timestamp) -> Option<Timestamp> {
+    (at <= now.saturating_add(RESET_HORIZON_MS)).then_some(at)
 }
 
 /// The deadline stated by the response: the `Retry-After` header, else `retry-after-ms`,
-/// else a reset field of the error body.
+/// else a reset field of the error body; each within [`RESET_HORIZON_MS`], else unknown.
 pub fn retry_after(headers: &HeaderMap, body: Option<&Value>, now: Timestamp) -> Option<Timestamp> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(at) = header("retry-after").and_then(|v| parse_retry_after(v, now)) {
@@ -58,16 +68,22 @@ pub fn retry_after(headers: &HeaderMap, body: Option<&Value>, now: Timestamp) ->
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok())
         && ms.is_finite()
         && ms >= 0.0
+        && let Some(at) = within_horizon(now.saturating_add(ms.ceil() as u64), now)
     {
-        return Some(now.saturating_add(ms.ceil() as u64));
+        return Some(at);
     }
     body.and_then(|b| body_reset(b, now))
 }
 
 /// A reset stated in an error body: `resets_at` / `reset_at` (epoch seconds or
 /// milliseconds), `resets_in_seconds` / `retry_after` (seconds from now), `retry_after_ms`.
-/// Looked up in the `error` object first, then at the top level.
+/// Looked up in the `error` object first, then at the top level. A reset further ahead
+/// than [`RESET_HORIZON_MS`] is unknown.
 pub fn body_reset(body: &Value, now: Timestamp) -> Option<Timestamp> {
+    stated_body_reset(body, now).and_then(|at| within_horizon(at, now))
+}
+
+fn stated_body_reset(body: &Value, now: Timestamp) -> Option<Timestamp> {
     let scopes = [body.get("error"), Some(body)];
     for scope in scopes.into_iter().flatten() {
         for key in ["resets_at", "reset_at"] {
@@ -735,6 +751,39 @@ mod tests {
         let h = headers(&[("retry-after", "10")]);
         let body = json!({"error": {"resets_in_seconds": 30}});
         assert_eq!(retry_after(&h, Some(&body), NOW), Some(NOW + 10_000));
+    }
+
+    /// A deadline further than the horizon (30 days) is unknown, wherever it is stated:
+    /// the failure then carries none, and a retry is scheduled by policy, not for year 9999.
+    #[test]
+    fn deadlines_past_the_horizon_are_unknown() {
+        use crate::ratelimit::RESET_HORIZON_MS;
+        let last = NOW + RESET_HORIZON_MS;
+        assert_eq!(parse_retry_after("2592000", NOW), Some(last));
+        assert_eq!(parse_retry_after("2592001", NOW), None);
+        assert_eq!(parse_retry_after("1e300", NOW), None);
+        assert_eq!(
+            parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", NOW),
+            None
+        );
+        let h = headers(&[("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")]);
+        let f = claude_http_failure(429, &h, b"", NOW);
+        assert_eq!(f.retry_after, None);
+        let h = headers(&[("retry-after-ms", "2592000001")]);
+        assert_eq!(retry_after(&h, None, NOW), None);
+        for body in [
+            json!({"error": {"resets_at": 99_999_999_999u64}}),
+            json!({"resets_at": 253_402_300_799_000u64}),
+            json!({"error": {"resets_in_seconds": 2_592_001}}),
+            json!({"retry_after": "1e300"}),
+            json!({"retry_after_ms": 2_592_000_001u64}),
+        ] {
+            assert_eq!(body_reset(&body, NOW), None, "{body}");
+        }
+        assert_eq!(
+            body_reset(&json!({"resets_at": last / 1000}), NOW),
+            Some(last)
+        );
     }
 
     // ---- Codex: error variants (reference §2.2) ----

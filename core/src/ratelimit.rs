@@ -3,6 +3,7 @@
 //! (`x-codex-primary-*`, `x-codex-secondary-*`). The core keeps the latest snapshot per
 //! provider and puts it in every `turn-failed` event; it may be stale or describe another
 //! account, which is why plugins prefer the pool's availability when a thread is routed.
+//! A reset further ahead than [`RESET_HORIZON_MS`] is unknown.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,11 @@ use hyper::HeaderMap;
 use crate::model::{LimitKind, LimitStatus, LimitWindow, Provider, RateLimitSnapshot, Timestamp};
 
 const CLAUDE_PREFIX: &str = "anthropic-ratelimit-unified-";
+
+/// How far ahead a reset or a `Retry-After` is believed: 30 days (the plugins' horizon,
+/// `pooler_plugin_kit::time::RESET_HORIZON_MS`). Real windows reset within a week; a time
+/// beyond this (a date in year 9999) is treated as unknown.
+pub const RESET_HORIZON_MS: Timestamp = 30 * 86_400_000;
 
 /// The latest reset a snapshot states: `i64::MAX` ms, the largest an SQLite integer holds.
 /// An absurd header (`reset-after-seconds: 1e300`) gives this, never a time wrapped into
@@ -63,6 +69,12 @@ fn epoch_seconds_to_ms(text: &str) -> Option<Timestamp> {
     (s.is_finite() && s >= 0.0).then_some(((s * 1000.0) as Timestamp).min(FAR_FUTURE_MS))
 }
 
+/// `at` when it lies at most [`RESET_HORIZON_MS`] after `now` (passed included): a reset
+/// further ahead is unknown, not a wait of millennia.
+fn within_horizon(at: Timestamp, now: Timestamp) -> Option<Timestamp> {
+    (at <= now.saturating_add(RESET_HORIZON_MS).min(FAR_FUTURE_MS)).then_some(at)
+}
+
 fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapshot> {
     // Window keys (`5h`, `7d`, `7d_opus`, …) from `<prefix><key>-<field>` header names.
     let mut windows: BTreeMap<String, LimitWindow> = BTreeMap::new();
@@ -92,7 +104,9 @@ fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnaps
             });
         match field {
             "status" => window.status = claude_status(value),
-            "reset" => window.resets_at = epoch_seconds_to_ms(value),
+            "reset" => {
+                window.resets_at = epoch_seconds_to_ms(value).and_then(|at| within_horizon(at, now))
+            }
             // `NaN` parses as a float; a utilization is a number or nothing.
             _ => {
                 window.utilization = value
@@ -162,15 +176,18 @@ fn codex_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapsh
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|u| !u.is_nan());
         let minutes = field("window-minutes").and_then(|v| v.parse::<u64>().ok());
-        let resets_at = field("reset-at").and_then(epoch_seconds_to_ms).or_else(|| {
-            field("reset-after-seconds")
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(|s| {
-                    now.saturating_add((s * 1000.0) as Timestamp)
-                        .min(FAR_FUTURE_MS)
-                })
-        });
+        let resets_at = field("reset-at")
+            .and_then(epoch_seconds_to_ms)
+            .or_else(|| {
+                field("reset-after-seconds")
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .map(|s| {
+                        now.saturating_add((s * 1000.0) as Timestamp)
+                            .min(FAR_FUTURE_MS)
+                    })
+            })
+            .and_then(|at| within_horizon(at, now));
         let over_limit = field("over-limit").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         if used.is_none() && minutes.is_none() && resets_at.is_none() && !over_limit {
             continue;
@@ -235,11 +252,12 @@ mod tests {
                 "five_hour",
             ),
         ]);
-        let s = snapshot_from_headers(Provider::Claude, &h, 7).unwrap();
+        let now = 1_790_000_000_000;
+        let s = snapshot_from_headers(Provider::Claude, &h, now).unwrap();
         assert_eq!(s.status, LimitStatus::Blocked);
         assert_eq!(s.kind, LimitKind::SubscriptionWindow);
         assert_eq!(s.reached_reason.as_deref(), Some("five_hour"));
-        assert_eq!(s.observed_at, 7);
+        assert_eq!(s.observed_at, now);
         assert_eq!(s.windows.len(), 2);
         assert_eq!(s.windows[0].key.as_deref(), Some("5h"));
         assert_eq!(s.windows[0].resets_at, Some(1_790_003_600_000));
@@ -277,29 +295,51 @@ mod tests {
             ("x-codex-secondary-window-minutes", "10080"),
             ("x-codex-secondary-reset-at", "1790600000"),
         ]);
-        let s = snapshot_from_headers(Provider::Codex, &h, 1_000).unwrap();
+        let now = 1_790_000_000_000;
+        let s = snapshot_from_headers(Provider::Codex, &h, now).unwrap();
         assert_eq!(s.status, LimitStatus::Blocked);
         assert_eq!(s.windows[0].label.as_deref(), Some("5h"));
-        assert_eq!(s.windows[0].resets_at, Some(61_000));
+        assert_eq!(s.windows[0].resets_at, Some(now + 60_000));
         assert_eq!(s.windows[1].label.as_deref(), Some("7d"));
         assert_eq!(s.windows[1].status, LimitStatus::Allowed);
         assert_eq!(s.windows[1].utilization, Some(0.355));
         assert_eq!(s.windows[1].resets_at, Some(1_790_600_000_000));
     }
 
-    /// Absurd resets (issue 18, item 9) saturate at the far future instead of
-    /// overflowing (a panic in debug builds, a reset wrapped into the past in release).
+    /// Absurd resets (a date in year 9999, `1e300` seconds) are past the horizon (30 days):
+    /// unknown, never a reset thousands of years out, an overflow panic or a time wrapped
+    /// into the past. NaN is no utilization.
     #[test]
-    fn absurd_resets_saturate_and_nan_is_no_utilization() {
+    fn resets_past_the_horizon_are_unknown_and_nan_is_no_utilization() {
+        let now = 1_700_000_000_000;
+        let last = (now + RESET_HORIZON_MS) / 1000;
+        let (last, past) = (last.to_string(), (last + 1).to_string());
         let h = headers(&[
+            ("x-codex-primary-used-percent", "100"),
             ("x-codex-primary-reset-after-seconds", "1e300"),
+            ("x-codex-secondary-window-minutes", "10080"),
             ("x-codex-secondary-reset-at", "1e300"),
             ("x-codex-secondary-used-percent", "NaN"),
         ]);
-        let s = snapshot_from_headers(Provider::Codex, &h, 1_700_000_000_000).unwrap();
-        assert_eq!(s.windows[0].resets_at, Some(FAR_FUTURE_MS));
-        assert_eq!(s.windows[1].resets_at, Some(FAR_FUTURE_MS));
+        let s = snapshot_from_headers(Provider::Codex, &h, now).unwrap();
+        assert_eq!(s.windows[0].resets_at, None);
+        assert_eq!(s.windows[1].resets_at, None);
         assert_eq!(s.windows[1].utilization, None);
+        let h = headers(&[("x-codex-primary-reset-after-seconds", "2592000")]);
+        let s = snapshot_from_headers(Provider::Codex, &h, now).unwrap();
+        assert_eq!(s.windows[0].resets_at, Some(now + RESET_HORIZON_MS));
+        for (reset, want) in [
+            ("253402300799", None),
+            (past.as_str(), None),
+            (last.as_str(), Some(now + RESET_HORIZON_MS)),
+        ] {
+            let h = headers(&[
+                ("anthropic-ratelimit-unified-5h-status", "rejected"),
+                ("anthropic-ratelimit-unified-5h-reset", reset),
+            ]);
+            let s = snapshot_from_headers(Provider::Claude, &h, now).unwrap();
+            assert_eq!(s.windows[0].resets_at, want, "{reset}");
+        }
         let h = headers(&[("anthropic-ratelimit-unified-5h-utilization", "NaN")]);
         let s = snapshot_from_headers(Provider::Claude, &h, 0).unwrap();
         assert_eq!(s.windows[0].utilization, None);
@@ -366,8 +406,8 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
         /// Rate-limit headers of any value at any time (issue 18, item 13): a snapshot
-        /// never panics (no overflow), is deterministic, and its utilizations are numbers
-        /// in 0..=1 (never NaN).
+        /// never panics (no overflow), is deterministic, its utilizations are numbers
+        /// in 0..=1 (never NaN), and no reset lies past the horizon.
         #[test]
         fn snapshots_of_any_header_values_are_sane(
             pairs in prop::collection::vec((names(), value()), 0..8),
@@ -388,7 +428,10 @@ mod tests {
                         prop_assert!((0.0..=1.0).contains(&u), "utilization {}", u);
                     }
                     if let Some(r) = w.resets_at {
-                        prop_assert!(r <= FAR_FUTURE_MS, "reset {}", r);
+                        prop_assert!(
+                            r <= now.saturating_add(RESET_HORIZON_MS).min(FAR_FUTURE_MS),
+                            "reset {} at {}", r, now
+                        );
                     }
                 }
             }

@@ -5,6 +5,8 @@
 //! [server]
 //! listen = "127.0.0.1:8787"
 //! max-body-bytes = 33554432
+//! max-header-bytes = 65536             # a larger request head gets 431 (8192 to 1048576)
+//! body-read-timeout-ms = 10000         # a request body silent this long gets 408
 //! compile-cache = "/var/cache/pooler"   # else $POOLER_CACHE_DIR, else ~/.cache/pooler
 //!
 //! [plugins.account-pool]
@@ -205,6 +207,11 @@ fn default_turn_idle_timeout_s() -> u64 {
     300
 }
 
+/// The accepted range of `server.max-header-bytes`: hyper's smallest read buffer, and a
+/// megabyte (no agent sends a head near that).
+pub const MIN_HEADER_BYTES: usize = 8 << 10;
+pub const MAX_HEADER_BYTES: usize = 1 << 20;
+
 /// `[server]`: the HTTP listener.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -218,6 +225,14 @@ pub struct ServerConfig {
     /// Largest number of request headers accepted.
     #[serde(default = "default_max_headers")]
     pub max_headers: usize,
+    /// Largest request head (request line and headers) accepted, in bytes; a larger one gets
+    /// 431 and the connection closes. Also the listener's read buffer.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// The longest a request body may go without a byte arriving, in milliseconds; then the
+    /// host answers 408 and closes the connection.
+    #[serde(default = "default_body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
     /// How long in-flight requests may take to finish after SIGINT/SIGTERM.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,
@@ -234,6 +249,8 @@ impl Default for ServerConfig {
             listen: default_listen(),
             max_body_bytes: default_max_body(),
             max_headers: default_max_headers(),
+            max_header_bytes: default_max_header_bytes(),
+            body_read_timeout_ms: default_body_read_timeout_ms(),
             drain_ms: default_drain_ms(),
             compile_cache: None,
         }
@@ -248,6 +265,12 @@ fn default_max_body() -> u64 {
 }
 fn default_max_headers() -> usize {
     100
+}
+fn default_max_header_bytes() -> usize {
+    64 << 10
+}
+fn default_body_read_timeout_ms() -> u64 {
+    10_000
 }
 fn default_drain_ms() -> u64 {
     10_000
@@ -443,6 +466,12 @@ impl Config {
         if self.server.max_body_bytes == 0 {
             bail!("server.max-body-bytes must be positive");
         }
+        if !(MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&self.server.max_header_bytes) {
+            bail!("server.max-header-bytes must be from {MIN_HEADER_BYTES} to {MAX_HEADER_BYTES}");
+        }
+        if self.server.body_read_timeout_ms == 0 {
+            bail!("server.body-read-timeout-ms must be positive");
+        }
         if self.agents.turn_time_limit_s == 0 {
             bail!("agents.turn-time-limit-s must be positive");
         }
@@ -492,6 +521,33 @@ mod tests {
         let config =
             Config::parse("[plugins.account-pool]\nerror-body-timeout-ms = 250\n").unwrap();
         assert_eq!(config.plugin(Role::AccountPool).error_body_timeout_ms, 250);
+    }
+
+    /// The head cap and the body's read timeout are `[server]` settings, validated by name.
+    #[test]
+    fn the_head_cap_and_body_timeout_are_server_settings() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config.server.max_header_bytes, 64 << 10);
+        assert_eq!(config.server.body_read_timeout_ms, 10_000);
+        let config =
+            Config::parse("[server]\nmax-header-bytes = 8192\nbody-read-timeout-ms = 250\n")
+                .unwrap();
+        assert_eq!(
+            (
+                config.server.max_header_bytes,
+                config.server.body_read_timeout_ms
+            ),
+            (8192, 250)
+        );
+        for bad in [
+            "max-header-bytes = 8191",
+            "max-header-bytes = 1048577",
+            "body-read-timeout-ms = 0",
+        ] {
+            let key = bad.split(' ').next().unwrap();
+            let err = Config::parse(&format!("[server]\n{bad}\n")).unwrap_err();
+            assert!(format!("{err:#}").contains(key), "{bad}: {err:#}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The HTTP listener: accepts connections, refuses what the host answers for itself — with
-//! `x-pooler-origin: pool` — (a request too large, no pool loaded), counts requests in
-//! flight and records an agent turn's answers ([`crate::tap`]), and hands every other
-//! request to the pool ([`crate::imports::http_in`]). Paths under `/_pooler/` go to the admin
+//! `x-pooler-origin: pool` — (a head or body too large, a body that stalls, no pool
+//! loaded), counts requests in flight and records an agent turn's answers
+//! ([`crate::tap`]), and hands every other request to the pool
+//! ([`crate::imports::http_in`]). Paths under `/_pooler/` go to the admin
 //! API ([`crate::admin`]), authenticated by the token the server writes to
 //! `DATA_DIR/admin-token` (0600) at start; `/metrics` to the metrics scrape (same token).
 //! Every request is counted in `pooler_http_requests_total{kind,status}`.
@@ -12,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -119,10 +120,13 @@ impl Server {
                 }
             });
             let mut http = hyper::server::conn::http1::Builder::new();
+            // The read buffer alone does not cap a head: one read may carry it past the
+            // buffer's size, and a head complete in the buffer was accepted whole.
             http.timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(30))
                 .max_headers(config.max_headers)
-                .max_buf_size(64 * 1024);
+                .max_buf_size(config.max_header_bytes)
+                .max_header_size(config.max_header_bytes);
             let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
@@ -216,17 +220,15 @@ async fn handle(
 
 /// A request for the pool: refused by the host (too large, no pool), or handed to the pool.
 async fn proxy(host: &Host, req: Request<Incoming>) -> Response<HyperOutgoingBody> {
-    let limit = host.config().server.max_body_bytes;
+    let config = &host.config().server;
+    let limit = config.max_body_bytes;
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
-        return error_response(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("the request body is larger than the host's limit of {limit} bytes"),
-        );
+        return too_large(limit);
     }
     if !host.has_role(Role::AccountPool) {
         return error_response(
@@ -236,13 +238,32 @@ async fn proxy(host: &Host, req: Request<Incoming>) -> Response<HyperOutgoingBod
     }
     // An agent turn's requests: the answers are recorded for its failure description.
     let recorder = host.taps().find(req.headers());
+    let gap = Duration::from_millis(config.body_read_timeout_ms);
+    let verdict = Arc::new(AtomicU8::new(BODY_READ));
+    let body_verdict = verdict.clone();
     let response = host
-        .handle_http(req.map(|body| LimitedBody {
+        .handle_http(req.map(|body| GuardedBody {
             inner: body,
             remaining: limit,
             limit,
+            gap,
+            silence: None,
+            verdict: body_verdict,
         }))
         .await;
+    // The pool answered a body the host cut (it may only have seen a read error): the
+    // client hears why, as it would from the early 413.
+    let response = match verdict.load(Ordering::SeqCst) {
+        BODY_TOO_LARGE => too_large(limit),
+        BODY_STALLED => error_response(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "the request body stalled: no byte arrived for {} ms",
+                config.body_read_timeout_ms
+            ),
+        ),
+        _ => response,
+    };
     match recorder {
         None => response,
         Some(recorder) => {
@@ -253,15 +274,37 @@ async fn proxy(host: &Host, req: Request<Incoming>) -> Response<HyperOutgoingBod
     }
 }
 
-/// A request body that fails once more than `limit` bytes have arrived (for bodies without
-/// a Content-Length, which the early 413 cannot catch).
-struct LimitedBody {
+/// The host's 413 for a body over `server.max-body-bytes`.
+fn too_large(limit: u64) -> Response<HyperOutgoingBody> {
+    error_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("the request body is larger than the host's limit of {limit} bytes"),
+    )
+}
+
+/// What [`GuardedBody`] came to: read as sent, cut for passing the limit, or cut for
+/// stalling.
+const BODY_READ: u8 = 0;
+const BODY_TOO_LARGE: u8 = 1;
+const BODY_STALLED: u8 = 2;
+
+/// A request body as the host hands it to the pool: it fails once more than `limit` bytes
+/// have arrived (a body without a Content-Length, which the early 413 cannot catch), or
+/// once no byte arrived for `gap` while the pool waited for one (the header read timeout
+/// ends with the head; this is the body's). Real network time, not the host clock: it
+/// measures the client's socket. Which of the two it was goes to `verdict`.
+struct GuardedBody {
     inner: Incoming,
     remaining: u64,
     limit: u64,
+    gap: Duration,
+    /// Armed when a poll found no data, disarmed by the next frame: it only runs out while
+    /// the pool is waiting on the client.
+    silence: Option<Pin<Box<tokio::time::Sleep>>>,
+    verdict: Arc<AtomicU8>,
 }
 
-impl Body for LimitedBody {
+impl Body for GuardedBody {
     type Data = Bytes;
     type Error = wasmtime_wasi_http::Error;
 
@@ -271,9 +314,11 @@ impl Body for LimitedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                self.silence = None;
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;
                     if len > self.remaining {
+                        self.verdict.store(BODY_TOO_LARGE, Ordering::SeqCst);
                         let limit = self.limit;
                         return Poll::Ready(Some(Err(
                             wasmtime_wasi_http::Error::HttpRequestBodySize(Some(limit)),
@@ -285,7 +330,19 @@ impl Body for LimitedBody {
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                let gap = self.gap;
+                let silence = self
+                    .silence
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(gap)));
+                if silence.as_mut().poll(cx).is_ready() {
+                    self.verdict.store(BODY_STALLED, Ordering::SeqCst);
+                    return Poll::Ready(Some(Err(
+                        wasmtime_wasi_http::Error::ConnectionReadTimeout,
+                    )));
+                }
+                Poll::Pending
+            }
         }
     }
 

@@ -11,6 +11,7 @@ pub mod exports;
 pub mod harness;
 pub mod logs;
 pub mod pool;
+pub mod raw;
 pub mod threads;
 pub mod webdriver;
 

@@ -181,8 +181,9 @@ async fn get(admin: &Admin, role: Role, key: String) -> Result<SettingView, ApiE
 }
 
 async fn set(admin: &Admin, role: Role, key: String, value: String) -> Result<SettingView, ApiError> {
-    // Plain http:// would carry credentials in clear past this machine: refused before the
-    // plugin stores anything.
+    // Refused before the plugin stores anything: plain http:// would carry credentials in
+    // clear past this machine, and a URL parsers read differently (a port past 65535,
+    // `user@`, a backslash, a NUL) would be granted one origin and fail every request.
     AllowList::check_value(&value).map_err(|e| {
         ApiError::bad_request("invalid-value", format!("`{}{key}` cannot be set: {e}", prefix(role)))
     })?;

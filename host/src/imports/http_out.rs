@@ -183,6 +183,62 @@ pub enum AllowError {
         "`{0}` is not an allowed host: write `host`, `host:port` or `https://host[:port]` (`http://` only for loopback)"
     )]
     Malformed(String),
+    /// A value that names an http(s) URL, but not one every reader takes the same way.
+    #[error(
+        "`{0}` is not a usable URL: accepted values are an absolute URL `http(s)://host[:port][/path]` with a host of letters, digits, `-`, `.` and `_` (or `[IPv6]`), a port from 1 to 65535, no `user@`, no percent-encoding in the host, and no backslash, space or control character"
+    )]
+    BadUrl(String),
+}
+
+/// Whether `value` is an `http(s)://` URL whose origin every parser reads the same way: a
+/// host [`valid_host`] accepts, a port from 1 to 65535 when one is written, no userinfo,
+/// and no backslash, whitespace or control character (NUL included) anywhere. A looser
+/// value (`http://evil.example\@127.0.0.1/`, `http://127.0.0.1:99999/`) is read as one
+/// origin by one parser and another by the next, or by none: it would be granted one
+/// origin and fail every request sent to it.
+pub fn strict_url(value: &str) -> bool {
+    let lower = value.get(..8).unwrap_or(value).to_ascii_lowercase();
+    let Some(rest) = (if lower.starts_with("https://") {
+        value.get(8..)
+    } else if lower.starts_with("http://") {
+        value.get(7..)
+    } else {
+        None
+    }) else {
+        return false;
+    };
+    if value
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '\\')
+    {
+        return false;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return false;
+    }
+    // The port is what follows the last `:` outside an IPv6 address's brackets.
+    let after_host = authority.rfind(']').map_or(0, |at| at + 1);
+    let (host, port) = match authority[after_host..].rfind(':') {
+        Some(at) => (
+            &authority[..after_host + at],
+            Some(&authority[after_host + at + 1..]),
+        ),
+        None => (authority, None),
+    };
+    let port_ok = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u32>().is_ok_and(|n| (1..=65_535).contains(&n))
+    });
+    valid_host(host) && port_ok
+}
+
+/// Whether `value` looks like an http(s) URL at all (so it must be a [`strict_url`]).
+fn names_a_url(value: &str) -> bool {
+    let lower = value.get(..8).unwrap_or(value).to_ascii_lowercase();
+    lower.starts_with("http://") || lower.starts_with("https://")
 }
 
 /// Parse one configured entry into the origins it allows:
@@ -346,9 +402,14 @@ impl AllowList {
         })
     }
 
-    /// Check a value a person is about to give setting `key`: a plain `http://` URL to a
-    /// host other than loopback is refused (before the plugin stores it).
+    /// Check a value a person is about to give setting `key`, before the plugin stores it:
+    /// a value that names an http(s) URL must be a [`strict_url`], and a plain `http://` URL
+    /// to a host other than loopback is refused.
     pub fn check_value(value: &str) -> Result<(), AllowError> {
+        let text = value.trim();
+        if names_a_url(text) && !strict_url(text) {
+            return Err(AllowError::BadUrl(text.to_string()));
+        }
         match Origin::of_url(value) {
             Some(origin) if origin.scheme == Scheme::Http && !is_loopback(&origin.host) => {
                 Err(AllowError::PlainHttp(value.trim().to_string()))
@@ -813,6 +874,50 @@ mod tests {
         assert!(AllowList::check_value("http://127.0.0.1:9/v1").is_ok());
         assert!(AllowList::check_value("https://api.example.com/v1").is_ok());
         assert!(AllowList::check_value("20s").is_ok(), "not a URL");
+    }
+
+    /// A value that names an http(s) URL but not one every parser reads alike is refused
+    /// before anything stores or grants it; well-formed ones pass.
+    #[test]
+    fn a_loose_url_value_is_refused_before_it_is_stored_or_granted() {
+        for bad in [
+            "http://127.0.0.1:99999/",
+            "http://127.0.0.1:0/",
+            "http://127.0.0.1:/",
+            "http://evil.example\\@127.0.0.1/",
+            "http://user@127.0.0.1/",
+            "http://127.0.0.1%00.evil.example/",
+            "http://127.0.0.1\0/",
+            "HTTPS://api.example.com/a\\b",
+            "https://[::1/",
+            "https://",
+        ] {
+            assert_eq!(
+                AllowList::check_value(bad),
+                Err(AllowError::BadUrl(bad.trim().to_string())),
+                "{bad:?}"
+            );
+            assert!(!strict_url(bad), "{bad:?}");
+        }
+        for good in [
+            "http://127.0.0.1:65535/v1",
+            "https://api.anthropic.com",
+            "https://[::1]:8443/x?y=%20",
+            "HTTPS://chatgpt.com/backend-api/codex",
+            "http://localhost",
+        ] {
+            assert!(strict_url(good), "{good:?}");
+            assert_eq!(AllowList::check_value(good), Ok(()), "{good:?}");
+        }
+        let list = AllowList::new(&[]);
+        assert!(
+            list.set_grant("upstream", "http://127.0.0.1:99999/")
+                .is_err()
+        );
+        assert!(
+            !list.allows(&uri("http://127.0.0.1:80/")),
+            "nothing granted"
+        );
     }
 
     #[test]

@@ -8,6 +8,21 @@ use crate::model::Provider;
 /// response passed through).
 pub const ORIGIN_HEADER: &str = "x-pooler-origin";
 
+/// Every upstream call asks for an unencoded body (`accept-encoding: identity`): the pool
+/// reads what it is answered (error details, the first event of a stream, token and usage
+/// documents), and an encoded body it relays could take nothing the pool appends. An
+/// upstream that encodes anyway has its `content-encoding` relayed with the body.
+pub const ACCEPT_ENCODING: &str = "accept-encoding";
+pub const IDENTITY: &str = "identity";
+
+/// Whether a response body is encoded (`content-encoding` other than `identity`): relayed
+/// as bytes, never read or added to.
+pub fn is_encoded(headers: &Headers) -> bool {
+    headers
+        .get("content-encoding")
+        .is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case(IDENTITY))
+}
+
 /// An ordered list of headers with case-insensitive lookup. Names are stored lowercase.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers(Vec<(String, String)>);
@@ -99,27 +114,29 @@ pub enum RouteMatch {
 }
 
 /// Match a request's method and path (without the query string). A trailing slash is
-/// tolerated.
+/// tolerated. The pool serves `GET` and `POST` only: any other method (`CONNECT`, whose
+/// target has no path, included) is not allowed, whatever the path.
 pub fn match_route(method: &str, path: &str) -> RouteMatch {
     let path = path
         .strip_suffix('/')
         .filter(|p| !p.is_empty())
         .unwrap_or(path);
+    let guess = if path.starts_with("/v1/messages") {
+        Some(Provider::Claude)
+    } else if path.starts_with("/v1/responses") || path.starts_with("/v1/models") {
+        Some(Provider::Codex)
+    } else {
+        None
+    };
+    if !method.eq_ignore_ascii_case("GET") && !method.eq_ignore_ascii_case("POST") {
+        return RouteMatch::MethodNotAllowed(guess.unwrap_or(Provider::Claude));
+    }
     let (endpoint, want) = match path {
         "/v1/messages" => (Endpoint::Messages, "POST"),
         "/v1/messages/count_tokens" => (Endpoint::CountTokens, "POST"),
         "/v1/responses" => (Endpoint::Responses, "POST"),
         "/v1/models" => (Endpoint::Models, "GET"),
-        _ => {
-            let guess = if path.starts_with("/v1/messages") {
-                Some(Provider::Claude)
-            } else if path.starts_with("/v1/responses") || path.starts_with("/v1/models") {
-                Some(Provider::Codex)
-            } else {
-                None
-            };
-            return RouteMatch::NotFound(guess);
-        }
+        _ => return RouteMatch::NotFound(guess),
     };
     if method.eq_ignore_ascii_case(want) {
         RouteMatch::Endpoint(endpoint)
@@ -202,12 +219,12 @@ pub fn with_oauth_beta<'a>(client: impl IntoIterator<Item = &'a str>) -> String 
 /// Whether an upstream response header is passed to the client. Not passed: hop-by-hop
 /// and framing headers (the host frames the body itself); `x-pooler-origin`, which only the
 /// pool may set (from upstream it would read as the pool's verdict); and `set-cookie`, a
-/// provider's cookie for a client that never talks to the provider.
+/// provider's cookie for a client that never talks to the provider. `content-encoding`
+/// is passed: the body is relayed as encoded, and without it the client could not decode it.
 pub fn forward_response_header(name: &str) -> bool {
     !matches!(
         name.to_ascii_lowercase().as_str(),
-        "content-encoding"
-            | "content-length"
+        "content-length"
             | "connection"
             | "keep-alive"
             | "proxy-authenticate"
@@ -350,6 +367,18 @@ mod tests {
             ),
             ("GET", "/", NotFound(None)),
             ("POST", "/v2/chat", NotFound(None)),
+            // The pool serves GET and POST only: any other method, on any path (even none,
+            // as CONNECT's target has), is not allowed.
+            ("CONNECT", "", MethodNotAllowed(Provider::Claude)),
+            ("TRACE", "/v1/messages", MethodNotAllowed(Provider::Claude)),
+            ("DELETE", "/v1/complete", MethodNotAllowed(Provider::Claude)),
+            ("PUT", "/v1/responses", MethodNotAllowed(Provider::Codex)),
+            ("HEAD", "/v1/models", MethodNotAllowed(Provider::Codex)),
+            (
+                "OPTIONS",
+                "/v1/responses/x",
+                MethodNotAllowed(Provider::Codex),
+            ),
         ];
         for (method, path, want) in table {
             assert_eq!(match_route(method, path), want, "{method} {path}");
@@ -445,6 +474,8 @@ mod tests {
         assert!(!forward_response_header("Transfer-Encoding"));
         assert!(!forward_response_header("X-Pooler-Origin"));
         assert!(!forward_response_header("Set-Cookie"));
+        // The body is relayed as the upstream encoded it: its encoding goes with it.
+        assert!(forward_response_header("Content-Encoding"));
         assert!(forward_response_header(
             "anthropic-ratelimit-unified-5h-status"
         ));

@@ -3,11 +3,15 @@
 //! (rejected, near the switch threshold, blocking reset).
 //!
 //! Utilization is always a fraction 0..=1. A window whose reset has passed never blocks,
-//! whatever it last said.
+//! whatever it last said. A reset or a `Retry-After` further ahead than
+//! [`RESET_HORIZON_MS`] (30 days) is unknown: a window then has no known reset, a
+//! `Retry-After` counts as absent.
 
 use crate::http::Headers;
 use crate::model::Family;
-use pooler_plugin_kit::time::{FAR_FUTURE_MS, after, secs_text_to_ms, secs_to_ms};
+use pooler_plugin_kit::time::{
+    FAR_FUTURE_MS, RESET_HORIZON_MS, after, secs_text_to_ms, secs_to_ms, within_horizon,
+};
 use serde_json::Value;
 
 /// What a `Retry-After` means when it is missing or unreadable.
@@ -43,20 +47,22 @@ fn parse_http_date(s: &str) -> Option<u64> {
 }
 
 /// `Retry-After` as a delay in milliseconds: numeric seconds (fractions rounded up to the
-/// millisecond) or an HTTP date minus `now`. Missing or invalid: 1 s.
+/// millisecond) or an HTTP date minus `now`. Missing, invalid or past the horizon: 1 s.
 pub fn parse_retry_after(value: Option<&str>, now: u64) -> u64 {
     retry_after_ms(value, now).unwrap_or(DEFAULT_RETRY_AFTER_MS)
 }
 
-/// `Retry-After` as a delay in milliseconds, None when missing or invalid. An absurd
-/// delay saturates at [`FAR_FUTURE_MS`] (`now + delay` goes through
-/// [`pooler_plugin_kit::time::after`]).
+/// `Retry-After` as a delay in milliseconds, None when missing, invalid or further than
+/// [`RESET_HORIZON_MS`] ahead (a date in year 9999 would hold an account, and tell the
+/// client to wait, for millennia).
 pub fn retry_after_ms(value: Option<&str>, now: u64) -> Option<u64> {
     let v = value?.trim();
-    if v.parse::<f64>().is_ok() {
-        return secs_text_to_ms(v);
-    }
-    parse_http_date(v).map(|at| at.saturating_sub(now))
+    let delay = if v.parse::<f64>().is_ok() {
+        secs_text_to_ms(v)?
+    } else {
+        parse_http_date(v)?.saturating_sub(now)
+    };
+    (delay <= RESET_HORIZON_MS).then_some(delay)
 }
 
 /// One observed quota window.
@@ -299,7 +305,9 @@ pub fn parse_claude_headers(headers: &Headers, now: u64) -> Observation {
         obs.windows.push(Window {
             family,
             utilization,
-            resets_at: get("reset").and_then(parse_reset),
+            resets_at: get("reset")
+                .and_then(parse_reset)
+                .and_then(|at| within_horizon(at, now)),
             status: get("status").map(|s| s.trim().to_ascii_lowercase()),
             observed_at: now,
             name,
@@ -335,11 +343,14 @@ pub fn parse_codex_headers(headers: &Headers, now: u64) -> Observation {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .filter(|u| u.is_finite())
             .map(|u| (u / 100.0).clamp(0.0, 1.0));
-        let reset = get("reset-at").and_then(parse_reset).or_else(|| {
-            get("reset-after-seconds")
-                .and_then(secs_text_to_ms)
-                .map(|ms| after(now, ms))
-        });
+        let reset = get("reset-at")
+            .and_then(parse_reset)
+            .or_else(|| {
+                get("reset-after-seconds")
+                    .and_then(secs_text_to_ms)
+                    .map(|ms| after(now, ms))
+            })
+            .and_then(|at| within_horizon(at, now));
         let over = get("over-limit").map(|v| v.trim().eq_ignore_ascii_case("true"));
         if used.is_none() && reset.is_none() && over.is_none() {
             continue;
@@ -394,7 +405,8 @@ fn usage_window(name: &str, family: Option<Family>, v: &Value, now: u64) -> Opti
             .and_then(Value::as_f64)
             .and_then(secs_to_ms)
             .map(|ms| after(now, ms))
-    });
+    })
+    .and_then(|at| within_horizon(at, now));
     utilization?;
     let status = if utilization.is_some_and(|u| u >= 1.0) {
         "rejected"
@@ -553,35 +565,62 @@ mod tests {
         }
     }
 
-    /// Absurd numbers of seconds (item 9 of issue 18): a delay or a reset at the far future,
-    /// never a time wrapped into the past (release) or a panic (debug).
+    /// A delay or a reset further ahead than the horizon (30 days) is unknown, whether it is
+    /// a date in year 9999 or an absurd number of seconds: never a hold of years, never a
+    /// time wrapped into the past (release) or a panic (debug). Up to the horizon it counts.
     #[test]
-    fn huge_delays_and_resets_saturate_at_the_far_future() {
-        use pooler_plugin_kit::time::FAR_FUTURE_MS;
-        for huge in ["1e300", "18446744073709551615", "9223372036854775807"] {
-            assert_eq!(
-                retry_after_ms(Some(huge), NOW),
-                Some(FAR_FUTURE_MS),
-                "{huge}"
-            );
-            assert_eq!(parse_reset(huge), Some(FAR_FUTURE_MS), "{huge}");
+    fn delays_and_resets_past_the_horizon_are_unknown() {
+        use pooler_plugin_kit::time::RESET_HORIZON_MS;
+        let year_9999 = "Fri, 31 Dec 9999 23:59:59 GMT";
+        assert_eq!(retry_after_ms(Some("2592000"), NOW), Some(RESET_HORIZON_MS));
+        assert_eq!(retry_after_ms(Some("2592000.001"), NOW), None);
+        assert_eq!(retry_after_ms(Some(year_9999), NOW), None);
+        assert_eq!(
+            parse_retry_after(Some(year_9999), NOW),
+            DEFAULT_RETRY_AFTER_MS,
+            "as if absent"
+        );
+        let last = ((NOW + RESET_HORIZON_MS) / 1000).to_string();
+        let past = ((NOW + RESET_HORIZON_MS) / 1000 + 1).to_string();
+        for (reset, want) in [
+            (last.as_str(), Some(NOW + RESET_HORIZON_MS)),
+            (past.as_str(), None),
+            ("253402300799", None),
+            ("1e300", None),
+            ("18446744073709551615", None),
+            ("9223372036854775807", None),
+        ] {
+            let claude = Headers::from([
+                ("anthropic-ratelimit-unified-5h-status", "rejected"),
+                ("anthropic-ratelimit-unified-5h-reset", reset),
+            ]);
+            let obs = parse_claude_headers(&claude, NOW);
+            assert_eq!(obs.windows[0].resets_at, want, "claude {reset}");
+            assert!(obs.rejects_shared(NOW), "still refused, reset unknown");
+            let codex = Headers::from([
+                ("x-codex-primary-used-percent", "100"),
+                ("x-codex-primary-reset-at", reset),
+            ]);
+            let obs = parse_codex_headers(&codex, NOW);
+            assert_eq!(obs.windows[0].resets_at, want, "codex {reset}");
+        }
+        for huge in ["2592001", "1e300", "18446744073709551615"] {
+            assert_eq!(retry_after_ms(Some(huge), NOW), None, "{huge}");
             let codex = Headers::from([
                 ("x-codex-primary-used-percent", "100"),
                 ("x-codex-primary-reset-after-seconds", huge),
             ]);
             let obs = parse_codex_headers(&codex, NOW);
-            assert_eq!(obs.windows[0].resets_at, Some(FAR_FUTURE_MS), "{huge}");
-            let claude = Headers::from([
-                ("anthropic-ratelimit-unified-5h-utilization", "1.0"),
-                ("anthropic-ratelimit-unified-5h-reset", huge),
-            ]);
-            let obs = parse_claude_headers(&claude, NOW);
-            assert_eq!(obs.windows[0].resets_at, Some(FAR_FUTURE_MS), "{huge}");
+            assert_eq!(obs.windows[0].resets_at, None, "{huge}");
         }
         let usage = serde_json::json!({"rate_limit": {"primary_window": {
             "used_percent": 100.0, "reset_after_seconds": 1e300}}});
         let obs = parse_codex_usage(&usage, NOW);
-        assert_eq!(obs.windows[0].resets_at, Some(FAR_FUTURE_MS));
+        assert_eq!(obs.windows[0].resets_at, None);
+        let usage = serde_json::json!({"five_hour": {"utilization": 100.0,
+            "resets_at": "9999-12-31T23:59:59Z"}});
+        let obs = parse_claude_usage(&usage, NOW);
+        assert_eq!(obs.windows[0].resets_at, None);
         // Now itself at the far future: still no wrap.
         let obs = parse_codex_headers(
             &Headers::from([("x-codex-primary-reset-after-seconds", "60")]),
@@ -843,7 +882,7 @@ mod tests {
     }
 
     use crate::props;
-    use pooler_plugin_kit::time::FAR_FUTURE_MS;
+    use pooler_plugin_kit::time::{FAR_FUTURE_MS, RESET_HORIZON_MS, after};
     use proptest::prelude::*;
 
     fn any_claude_headers() -> impl Strategy<Value = Vec<(String, String)>> {
@@ -901,7 +940,7 @@ mod tests {
                 prop_assert!((0.0..=1.0).contains(&u), "utilization {}", u);
             }
             if let Some(r) = w.resets_at {
-                prop_assert!(r <= FAR_FUTURE_MS, "reset {}", r);
+                prop_assert!(r <= after(now, RESET_HORIZON_MS), "reset {} at {}", r, now);
             }
             prop_assert_eq!(w.observed_at, now);
         }
@@ -930,33 +969,37 @@ mod tests {
             sane(&obs, now)?;
         }
 
-        /// Retry-After of any value at any time: a delay at most the far future; 1 s when
-        /// missing or unreadable; `now` plus it never wraps.
+        /// Retry-After of any value at any time: a delay at most the horizon; 1 s when
+        /// missing, unreadable or past the horizon; `now` plus it never wraps.
         #[test]
         fn retry_after_of_any_value_is_a_bounded_delay(
             v in props::header_value(),
             now in prop_oneof![Just(NOW), Just(u64::MAX), any::<u64>()],
         ) {
             let d = parse_retry_after(Some(&v), now);
-            prop_assert!(d <= FAR_FUTURE_MS);
+            prop_assert!(d <= RESET_HORIZON_MS);
             prop_assert_eq!(retry_after_ms(Some(&v), now).unwrap_or(DEFAULT_RETRY_AFTER_MS), d);
             prop_assert!(pooler_plugin_kit::time::after(now, d) >= now.min(FAR_FUTURE_MS));
             prop_assert!(parse_reset(&v).is_none_or(|r| r <= FAR_FUTURE_MS));
         }
 
-        /// Retry-After in seconds is those seconds in milliseconds, rounded up.
+        /// Retry-After in seconds is those seconds in milliseconds, rounded up; unknown past
+        /// the horizon.
         #[test]
         fn retry_after_seconds_are_milliseconds_rounded_up(ms in 0u64..10_000_000_000) {
             let secs = format!("{}.{:03}", ms / 1000, ms % 1000);
-            prop_assert_eq!(retry_after_ms(Some(&secs), NOW), Some(ms));
-            prop_assert_eq!(retry_after_ms(Some(&(ms / 1000).to_string()), NOW), Some(ms / 1000 * 1000));
+            let within = |d: u64| (d <= RESET_HORIZON_MS).then_some(d);
+            prop_assert_eq!(retry_after_ms(Some(&secs), NOW), within(ms));
+            prop_assert_eq!(retry_after_ms(Some(&(ms / 1000).to_string()), NOW), within(ms / 1000 * 1000));
         }
 
-        /// Retry-After as an HTTP date is the time until it (0 once passed), to the second.
+        /// Retry-After as an HTTP date is the time until it (0 once passed), to the second;
+        /// unknown past the horizon.
         #[test]
         fn retry_after_dates_are_the_time_until_them(at_s in 0u64..4_000_000_000, now in 0u64..4_000_000_000_000) {
             let date = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(at_s));
-            prop_assert_eq!(retry_after_ms(Some(&date), now), Some((at_s * 1000).saturating_sub(now)));
+            let d = (at_s * 1000).saturating_sub(now);
+            prop_assert_eq!(retry_after_ms(Some(&date), now), (d <= RESET_HORIZON_MS).then_some(d));
         }
 
         /// RFC 3339 times of any digits, and any text: parsing never panics, and a time it

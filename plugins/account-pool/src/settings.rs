@@ -81,7 +81,7 @@ pub const SPECS: [Spec; 15] = [
         key: "pin-cap",
         default: "4096",
         kind: Kind::Count(1, 1_000_000),
-        description: "The most session pins kept; the least recently used is evicted (1 to 1000000).",
+        description: "The most session pins kept; the least recently used is evicted (1 to 1000000). It also bounds the attempts kept to explain sessions: those of the pin-cap most recently active sessions (an eighth more, at least 16, between two trims), the latest 20 of each.",
     },
     Spec {
         key: "pin-lifetime",
@@ -139,7 +139,7 @@ pub fn spec(key: &str) -> Option<&'static Spec> {
 
 fn accepted(kind: Kind) -> String {
     match kind {
-        Kind::Url => "an absolute http(s) URL".into(),
+        Kind::Url => "an absolute http(s) URL, `http(s)://host[:port][/path]`: a host of letters, digits, `-`, `.` and `_` (or `[IPv6]`), a port from 1 to 65535, no `user@`, no percent-encoding in the host, no backslash, space or control character".into(),
         Kind::Fraction => "a fraction > 0 and ≤ 1".into(),
         Kind::Bool => "on or off".into(),
         Kind::Duration(lo, hi) => format!(
@@ -155,14 +155,54 @@ fn accepted(kind: Kind) -> String {
     }
 }
 
+/// An absolute `http(s)://` URL whose origin reads the same to every parser: a host of
+/// ASCII letters, digits, `-`, `.` and `_` (or a bracketed IPv6 address), a port from 1 to
+/// 65535 when one is given, no userinfo (`user@`), and no percent-encoding in the host, no
+/// backslash, whitespace or control character (NUL included) anywhere. Looser forms
+/// (`http://evil.example\@127.0.0.1/`) are read as one host by one parser and another by
+/// the next, and a port past 65535 or a NUL fails every request.
 fn valid_url(s: &str) -> bool {
-    let rest = s
+    let Some(rest) = s
         .strip_prefix("https://")
-        .or_else(|| s.strip_prefix("http://"));
-    rest.is_some_and(|r| {
-        let host = r.split(['/', '?', '#']).next().unwrap_or("");
-        !host.is_empty() && !r.chars().any(|c| c.is_whitespace() || c.is_control())
-    })
+        .or_else(|| s.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    if s.chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '\\')
+    {
+        return false;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, "")) => (addr, None),
+            Some((addr, tail)) => match tail.strip_prefix(':') {
+                Some(port) => (addr, Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let host_ok = if authority.starts_with('[') {
+        host.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    };
+    let port_ok = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u32>().is_ok_and(|n| (1..=65_535).contains(&n))
+    });
+    host_ok && port_ok
 }
 
 /// Validate `value` for `key`; the canonical text on success.
@@ -368,6 +408,16 @@ mod tests {
             ("transient-backoff", "250ms,2m"),
             ("claude-upstream-url", "ftp://x"),
             ("claude-upstream-url", "http://"),
+            ("claude-upstream-url", "http://127.0.0.1:99999/"),
+            ("claude-upstream-url", "http://127.0.0.1:0/"),
+            ("claude-upstream-url", "http://127.0.0.1:/"),
+            ("claude-upstream-url", "http://evil.example\\@127.0.0.1/"),
+            ("claude-upstream-url", "http://user:pw@127.0.0.1/"),
+            ("claude-upstream-url", "http://127.0.0.1%00.evil.example/"),
+            ("claude-upstream-url", "http://127.0.0.1\0/"),
+            ("claude-upstream-url", "http://127.0.0.1/v1\\x"),
+            ("claude-upstream-url", "http://[::1/"),
+            ("codex-token-url", "https://auth.example:65536/oauth/token"),
             ("codex-routing", "maybe"),
             ("usage-refresh", "1s"),
         ];
@@ -404,6 +454,21 @@ mod tests {
                 "http://127.0.0.1:9",
             ),
             ("transient-retries", "0", "0"),
+            (
+                "codex-upstream-url",
+                "https://chatgpt.com:443/backend-api/codex",
+                "https://chatgpt.com:443/backend-api/codex",
+            ),
+            (
+                "claude-upstream-url",
+                "http://[::1]:65535/",
+                "http://[::1]:65535",
+            ),
+            (
+                "claude-token-url",
+                "https://console.anthropic.com/v1/oauth/token?x=%20y",
+                "https://console.anthropic.com/v1/oauth/token?x=%20y",
+            ),
         ];
         for (key, value, want) in table {
             assert_eq!(canonical(key, value).as_deref(), Ok(want), "{key}={value}");

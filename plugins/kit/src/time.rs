@@ -12,6 +12,18 @@
 /// the largest value an SQLite integer column stores.
 pub const FAR_FUTURE_MS: u64 = i64::MAX as u64;
 
+/// How far ahead an upstream may state a reset or a `Retry-After` and be believed: 30 days.
+/// Real windows reset within a week; a time beyond this (a date in year 9999, `1e300`
+/// seconds) is a broken or hostile answer, and is treated as unknown rather than holding an
+/// account, or telling a client to wait, until then.
+pub const RESET_HORIZON_MS: u64 = 30 * 86_400_000;
+
+/// `at` when it lies at most [`RESET_HORIZON_MS`] after `now` (a time already passed
+/// included); None beyond.
+pub fn within_horizon(at: u64, now: u64) -> Option<u64> {
+    (at <= after(now, RESET_HORIZON_MS)).then_some(at)
+}
+
 /// `now + ms`, saturating at [`FAR_FUTURE_MS`].
 pub fn after(now: u64, ms: u64) -> u64 {
     now.saturating_add(ms).min(FAR_FUTURE_MS)
@@ -76,6 +88,19 @@ mod tests {
         assert_eq!(after(1_000, u64::MAX), FAR_FUTURE_MS);
         assert_eq!(after(u64::MAX, 1), FAR_FUTURE_MS);
         assert_eq!(after(FAR_FUTURE_MS, 0), FAR_FUTURE_MS);
+    }
+
+    #[test]
+    fn times_past_the_horizon_are_unknown() {
+        let now = 1_000;
+        assert_eq!(within_horizon(0, now), Some(0), "passed");
+        assert_eq!(
+            within_horizon(now + RESET_HORIZON_MS, now),
+            Some(now + RESET_HORIZON_MS)
+        );
+        assert_eq!(within_horizon(now + RESET_HORIZON_MS + 1, now), None);
+        assert_eq!(within_horizon(FAR_FUTURE_MS, u64::MAX), Some(FAR_FUTURE_MS));
+        assert_eq!(within_horizon(u64::MAX, u64::MAX), None);
     }
 
     #[test]

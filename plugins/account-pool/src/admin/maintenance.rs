@@ -56,7 +56,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             }
         }
         self.store.prune_pins(now, s.pin_lifetime_ms, s.pin_cap)?;
-        self.store.prune_attempts(now, ATTEMPT_RETENTION_MS)?;
+        self.store
+            .prune_attempts(now, ATTEMPT_RETENTION_MS, s.pin_cap)?;
         self.store
             .set_meta_i64("last-tick", i64::try_from(now).unwrap_or(i64::MAX))?;
 

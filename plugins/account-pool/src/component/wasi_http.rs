@@ -98,19 +98,102 @@ impl std::fmt::Display for StreamBroke {
 impl std::error::Error for StreamBroke {}
 
 fn pool_response(e: &PoolError) -> Response<Body> {
+    shaped(Provider::Claude, e)
+}
+
+/// The pool's own response in `provider`'s error shape.
+fn shaped(provider: Provider, e: &PoolError) -> Response<Body> {
     let mut b = Response::builder().status(e.status);
     for (n, v) in e.headers().iter() {
         b = b.header(n, v);
     }
-    b.body(Body::from(e.body(Provider::Claude)))
+    b.body(Body::from(e.body(provider)))
         .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
 /// The default `max-request-body`: how much of a body is read when storage could not say.
 const DEFAULT_BODY_LIMIT: u64 = 32 << 20;
 
-#[wstd::http_server]
-async fn main(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
+/// The pool's `wasi:http/incoming-handler` export: what `#[wstd::http_server]` generates,
+/// except that a request wstd cannot turn into an `http::Request` — a `CONNECT`, whose
+/// target names no path — is answered in the pool's error shape, where the generated
+/// handler failed it with wstd's internal text (the host's 502).
+struct Proxy;
+
+impl wasip2::exports::http::incoming_handler::Guest for Proxy {
+    fn handle(
+        request: wasip2::http::types::IncomingRequest,
+        out: wasip2::http::types::ResponseOutparam,
+    ) {
+        let method = method_name(&request.method());
+        let path = request.path_with_query().unwrap_or_default();
+        let responder = wstd::http::server::Responder::new(out);
+        wstd::runtime::block_on(async move {
+            let response = match wstd::http::request::try_from_incoming(request) {
+                Ok(request) => match serve(request).await {
+                    Ok(response) => response,
+                    Err(e) => return responder.fail(e),
+                },
+                Err(_) => unreadable(&method, &path),
+            };
+            // As the generated handler: the body is written here, and a failure to write
+            // it (the host dropped the response) ends the call.
+            responder
+                .respond(response)
+                .await
+                .expect("the response body was written");
+        })
+    }
+}
+
+wasip2::http::proxy::export!(Proxy);
+
+/// The name of a wasi:http method.
+fn method_name(method: &wasip2::http::types::Method) -> String {
+    use wasip2::http::types::Method as M;
+    match method {
+        M::Get => "GET",
+        M::Head => "HEAD",
+        M::Post => "POST",
+        M::Put => "PUT",
+        M::Delete => "DELETE",
+        M::Connect => "CONNECT",
+        M::Options => "OPTIONS",
+        M::Trace => "TRACE",
+        M::Patch => "PATCH",
+        M::Other(other) => other.as_str(),
+    }
+    .to_owned()
+}
+
+/// The answer to a request that could not be read as an HTTP request: 405 when its method
+/// is one the pool does not serve (the engine's screen says so), else 400; in the pool's
+/// error shape either way.
+fn unreadable(method: &str, path_with_query: &str) -> Response<Body> {
+    let path = path_with_query.split('?').next().unwrap_or_default();
+    let Ok(db) = WitDb::open(DATABASE) else {
+        return pool_response(&PoolError::pool(
+            503,
+            "Account Pooler storage is unavailable; try again.",
+        ));
+    };
+    let engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
+    if let engine::Screen::Refused(response) = engine.screen(method, path, &Headers::new()) {
+        engine.refused(method, path, &response);
+        return to_wstd(response);
+    }
+    // Storage could not screen it (not migrated yet): the method alone still decides.
+    match crate::http::match_route(method, path) {
+        crate::http::RouteMatch::MethodNotAllowed(provider) => shaped(
+            provider,
+            &PoolError::pool(405, engine::not_allowed(method, path)),
+        ),
+        _ => pool_response(&PoolError::pool(400, "The request could not be read.")),
+    }
+}
+
+/// Serve one request the handler could read.
+async fn serve(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
     let Ok(db) = WitDb::open(DATABASE) else {
         return Ok(pool_response(&PoolError::pool(
             503,

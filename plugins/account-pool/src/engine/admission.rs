@@ -78,6 +78,16 @@ fn refusal<B>(
     Ok((endpoint, thread))
 }
 
+/// The message of a 405: the method, and the path when the request named one (a
+/// `CONNECT`'s target is no path).
+pub fn not_allowed(method: &str, path: &str) -> String {
+    if path.is_empty() {
+        format!("{method} is not served by Account Pooler.")
+    } else {
+        format!("{method} is not allowed on {path}.")
+    }
+}
+
 /// [`refusal`] from the request's head alone: everything but the body's size.
 fn head_refusal<B>(
     method: &str,
@@ -90,7 +100,7 @@ fn head_refusal<B>(
         RouteMatch::MethodNotAllowed(p) => {
             return Err(Response::pool(
                 p,
-                &PoolError::pool(405, format!("{method} is not allowed on {path}.")),
+                &PoolError::pool(405, not_allowed(method, path)),
             ));
         }
         RouteMatch::NotFound(guess) => {

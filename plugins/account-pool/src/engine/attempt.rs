@@ -157,6 +157,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             Raced::Done(sent) => sent,
             Raced::Gone => return cancelled(None),
         };
+        // `100 Continue` is interim and the HTTP client consumes it: a 1xx that arrives as
+        // the answer (a `101 Switching Protocols` to a plain POST) is a broken exchange.
+        let sent = match sent {
+            Ok(response) if response.status < 200 => Err(TransportError(format!(
+                "the upstream answered HTTP {} instead of a response",
+                response.status
+            ))),
+            sent => sent,
+        };
         match sent {
             Ok(response) => Ok(Ok((credential, response))),
             Err(TransportError(code)) => {
@@ -453,6 +462,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 headers.push(n, v);
             }
         }
+        headers.set(http::ACCEPT_ENCODING, http::IDENTITY);
         match credential {
             Credential::ApiKey(k) => headers.set("x-api-key", k.as_str()),
             Credential::OAuth(t) => {

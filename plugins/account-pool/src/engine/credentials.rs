@@ -8,7 +8,7 @@ use super::{
     Cancel, Clock, Deadlines, Engine, Level, Log, Raced, Random, TransportError, Upstream,
     UpstreamRequest, new_id, unless_gone,
 };
-use crate::http::{Headers, PoolError};
+use crate::http::{self, Headers, PoolError};
 use crate::model::{ChangeCause, Credential, OAuthTokens, Provider};
 use crate::oauth::{self, Need, RefreshResult, RefusedEffect};
 use crate::policy::{AccountState, AttemptOutcome};
@@ -195,6 +195,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         let mut headers = Headers::new();
         headers.push("content-type", "application/json");
         headers.push("accept", "application/json");
+        headers.push(http::ACCEPT_ENCODING, http::IDENTITY);
         let request = UpstreamRequest {
             method: "POST".into(),
             url: s.token_url(provider).to_owned(),

@@ -29,7 +29,7 @@ mod report;
 mod routing;
 mod usage;
 
-pub use admission::{Admitted, Screen};
+pub use admission::{Admitted, Screen, not_allowed};
 pub use credentials::Refreshed;
 pub use ports::{
     Cancel, Clock, Deadlines, Level, Log, Random, TransportError, Upstream, UpstreamRequest,

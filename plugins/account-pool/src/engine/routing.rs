@@ -483,10 +483,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             .attempts
             .push((account.to_owned(), outcome.as_str()));
         match ctx.key {
-            Some(key) => {
-                self.store
-                    .record_attempt(ctx.provider, key, at, account, status, outcome.as_str())
-            }
+            Some(key) => self.store.record_attempt(
+                ctx.provider,
+                key,
+                at,
+                account,
+                status,
+                outcome.as_str(),
+                ctx.settings.pin_cap,
+            ),
             None => Ok(()),
         }
     }
@@ -503,12 +508,14 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 headers.push(n, v);
             }
         }
-        let relay = Relay::new(
-            response.body,
-            ctx.provider,
-            response.headers.get("content-type"),
-        )
-        .for_account(account);
+        // An encoded stream is relayed as bytes: an `error` event appended in plain text
+        // would corrupt it, so a break ends it with an error instead.
+        let content_type = if http::is_encoded(&response.headers) {
+            None
+        } else {
+            response.headers.get("content-type")
+        };
+        let relay = Relay::new(response.body, ctx.provider, content_type).for_account(account);
         Response {
             status: response.status,
             headers,

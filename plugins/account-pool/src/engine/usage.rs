@@ -188,6 +188,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 codex_usage_url(&s.codex_upstream_url)
             }
         };
+        headers.push(http::ACCEPT_ENCODING, http::IDENTITY);
         let request = UpstreamRequest {
             method: "GET".into(),
             url,

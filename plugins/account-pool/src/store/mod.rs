@@ -20,7 +20,7 @@ mod routes;
 mod signals;
 
 pub use accounts::AccountMeta;
-pub use attempts::{AttemptRow, RECENT_ATTEMPTS};
+pub use attempts::{AttemptRow, RECENT_ATTEMPTS, attempt_sessions_slack};
 pub use quota::RefreshState;
 pub use routes::Pin;
 pub use signals::PendingSignal;

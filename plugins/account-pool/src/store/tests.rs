@@ -250,22 +250,46 @@ fn attempts_keep_the_latest_twenty_per_session() {
     let db = NativeDb::memory();
     let s = store(&db);
     for i in 0..25u64 {
-        s.record_attempt(Provider::Claude, "session:s", i, "a", Some(200), "served")
-            .unwrap();
+        s.record_attempt(
+            Provider::Claude,
+            "session:s",
+            i,
+            "a",
+            Some(200),
+            "served",
+            4096,
+        )
+        .unwrap();
     }
     let recent = s.recent_attempts(Provider::Claude, "session:s").unwrap();
     assert_eq!(recent.len(), RECENT_ATTEMPTS);
     assert_eq!((recent[0].at, recent[19].at), (5, 24));
     // Another session counts its own ids and keeps its own attempts.
-    s.record_attempt(Provider::Claude, "session:t", 99, "b", None, "transient")
-        .unwrap();
+    s.record_attempt(
+        Provider::Claude,
+        "session:t",
+        99,
+        "b",
+        None,
+        "transient",
+        4096,
+    )
+    .unwrap();
     let other = s.recent_attempts(Provider::Claude, "session:t").unwrap();
     assert_eq!(other.len(), 1);
     assert_eq!((other[0].at, other[0].account.as_str()), (99, "b"));
     // Stored rows stay bounded: trimmed back to twenty on every twentieth attempt.
     for i in 25..40u64 {
-        s.record_attempt(Provider::Claude, "session:s", i, "a", Some(200), "served")
-            .unwrap();
+        s.record_attempt(
+            Provider::Claude,
+            "session:s",
+            i,
+            "a",
+            Some(200),
+            "served",
+            4096,
+        )
+        .unwrap();
     }
     let rows = db
         .query(
@@ -279,6 +303,78 @@ fn attempts_keep_the_latest_twenty_per_session() {
     );
     let recent = s.recent_attempts(Provider::Claude, "session:s").unwrap();
     assert_eq!((recent[0].at, recent[19].at), (20, 39));
+}
+
+/// A flood of sessions (each one attempt, as new sessions are) keeps the attempts of at
+/// most `pin-cap` sessions, plus the slack one pass lets through, the most recently active
+/// kept; a session's own bound still holds, and the tick's prune applies a lowered cap.
+#[test]
+fn attempts_stay_bounded_overall_by_the_pin_cap() {
+    use crate::store::attempt_sessions_slack;
+    let db = NativeDb::memory();
+    let s = store(&db);
+    let count = || -> u64 {
+        db.query("SELECT COUNT(*) AS n FROM attempts", &[])
+            .unwrap()
+            .first()
+            .unwrap()
+            .u64("n")
+            .unwrap()
+    };
+    let cap = 10;
+    let most = cap + attempt_sessions_slack(cap);
+    for i in 0..6_000u64 {
+        let key = format!("session:{i}");
+        s.record_attempt(Provider::Claude, &key, i, "a", Some(200), "served", cap)
+            .unwrap();
+        assert!(count() <= most, "after {i}: {}", count());
+    }
+    let newest = s.recent_attempts(Provider::Claude, "session:5999").unwrap();
+    assert_eq!(newest.len(), 1);
+    assert!(
+        s.recent_attempts(Provider::Claude, "session:0")
+            .unwrap()
+            .is_empty()
+    );
+    // A busy session among them keeps its latest twenty.
+    for i in 0..50u64 {
+        s.record_attempt(
+            Provider::Claude,
+            "session:busy",
+            10_000 + i,
+            "a",
+            None,
+            "transient",
+            cap,
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        s.recent_attempts(Provider::Claude, "session:busy")
+            .unwrap()
+            .len(),
+        RECENT_ATTEMPTS
+    );
+    // Newer sessions push out the least recently active first, the busy one among them.
+    for i in 0..40u64 {
+        let key = format!("session:late-{i}");
+        s.record_attempt(Provider::Claude, &key, 20_000 + i, "a", None, "served", cap)
+            .unwrap();
+    }
+    assert!(
+        s.recent_attempts(Provider::Claude, "session:busy")
+            .unwrap()
+            .is_empty()
+    );
+    // A lowered cap applies at the tick: the two most recently active sessions are kept.
+    s.prune_attempts(30_000, 86_400_000, 2).unwrap();
+    let left: Vec<String> = db
+        .query("SELECT DISTINCT key FROM attempts ORDER BY key", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.text("key").unwrap())
+        .collect();
+    assert_eq!(left, ["session:late-38", "session:late-39"]);
 }
 
 #[test]
@@ -312,8 +408,16 @@ fn a_schema_1_database_migrates_keeping_its_attempts() {
     assert_eq!(at("session:s"), [(1, "served".into()), (3, "hold".into())]);
     assert_eq!(at("session:u"), [(2, "transient".into())]);
     // New attempts continue after the migrated ones.
-    s.record_attempt(Provider::Claude, "session:s", 4, "a", Some(200), "served")
-        .unwrap();
+    s.record_attempt(
+        Provider::Claude,
+        "session:s",
+        4,
+        "a",
+        Some(200),
+        "served",
+        4096,
+    )
+    .unwrap();
     assert_eq!(at("session:s").last(), Some(&(4, "served".into())));
     // The old table and its index are gone.
     let rows = db

@@ -10,12 +10,14 @@
 //! | [`cancel`] | a client that goes away mid-request |
 //! | [`admin`] | replacing a credential in place; listing routes and pinned sessions |
 //! | [`faults`] | absurd upstream values, a stalled or lost token refresh, storage failing after a served answer |
+//! | [`odd`] | odd upstream answers: 1xx, compressed bodies; what every upstream call asks for |
 
 mod admin;
 mod cancel;
 mod edges;
 mod faults;
 mod observe;
+mod odd;
 mod scenarios;
 mod storage;
 
@@ -174,6 +176,8 @@ impl Env {
 enum Reply {
     Status(u16, Vec<(&'static str, String)>, String),
     Sse(Vec<&'static str>, bool),
+    /// A 200 with these headers, its body in these chunks, broken after them when true.
+    Chunks(Vec<(&'static str, String)>, Vec<&'static str>, bool),
     Drop,
 }
 
@@ -357,6 +361,24 @@ impl Upstream for Fake {
                     status: code,
                     headers: h,
                     body: body(VecDeque::from([Ok(text.into_bytes())])),
+                })
+            }
+            Reply::Chunks(headers, chunks, broken) => {
+                let mut h = Headers::new();
+                for (n, v) in headers {
+                    h.push(n, v);
+                }
+                let mut q: VecDeque<_> = chunks
+                    .into_iter()
+                    .map(|c| Ok(c.as_bytes().to_vec()))
+                    .collect();
+                if broken {
+                    q.push_back(Err("connection reset by peer".into()));
+                }
+                Ok(UpstreamResponse {
+                    status: 200,
+                    headers: h,
+                    body: body(q),
                 })
             }
             Reply::Sse(chunks, broken) => {

@@ -110,7 +110,7 @@ fn explain_session_reads_outcomes_and_skips_an_unknown_word() {
     let store = p.store();
     let record = |at, word| {
         store
-            .record_attempt(Provider::Claude, "session:S", at, "a", None, word)
+            .record_attempt(Provider::Claude, "session:S", at, "a", None, word, 4096)
             .unwrap()
     };
     for (at, o) in (1..).zip(AttemptOutcome::ALL) {
