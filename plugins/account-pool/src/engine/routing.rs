@@ -14,6 +14,7 @@ use crate::model::HoldKind;
 use crate::policy::{
     self, AccountState, AttemptOutcome, Candidate, PinAction, PinSeen, Role, Selection,
 };
+use crate::redact::StreamRedactor;
 use crate::store::{Pin, TOUCH_GRANULARITY_MS};
 use crate::stream::Relay;
 use pooler_plugin_kit::{Db, DbError};
@@ -243,7 +244,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     ) -> Result<Step<U::Body>, DbError> {
         let id = state.id.as_str();
         match attempt {
-            Attempt::Respond { response, served } => {
+            Attempt::Respond {
+                response,
+                served,
+                redact,
+            } => {
                 let now = self.env.now();
                 let noted = self.report.borrow().attempts.len();
                 // What this outcome changes is one commit (one WAL write, one lock). The
@@ -297,7 +302,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                         (false, _) => "passed-through",
                     });
                 }
-                Ok(Step::Answer(self.relay(ctx, id, response)))
+                Ok(Step::Answer(self.relay(ctx, id, response, redact)))
             }
             Attempt::Cancelled { status } => {
                 // Recorded, and nothing else: no pin, cursor or failure of this request
@@ -496,6 +501,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         ctx: &Ctx<'_>,
         account: &str,
         response: UpstreamResponse<U::Body>,
+        redact: Option<StreamRedactor>,
     ) -> Response<U::Body> {
         let mut headers = Headers::new();
         for (n, v) in response.headers.iter() {
@@ -508,7 +514,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             ctx.provider,
             response.headers.get("content-type"),
         )
-        .for_account(account);
+        .for_account(account)
+        .redacting(redact);
         Response {
             status: response.status,
             headers,

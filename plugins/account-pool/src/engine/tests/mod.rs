@@ -10,12 +10,14 @@
 //! | [`cancel`] | a client that goes away mid-request |
 //! | [`admin`] | replacing a credential in place; listing routes and pinned sessions |
 //! | [`faults`] | absurd upstream values, a stalled or lost token refresh, storage failing after a served answer |
+//! | [`redaction`] | an upstream that echoes the account's credential: kept and relayed without it |
 
 mod admin;
 mod cancel;
 mod edges;
 mod faults;
 mod observe;
+mod redaction;
 mod scenarios;
 mod storage;
 
@@ -174,6 +176,8 @@ impl Env {
 enum Reply {
     Status(u16, Vec<(&'static str, String)>, String),
     Sse(Vec<&'static str>, bool),
+    /// A status, headers, and a body in these chunks.
+    Chunked(u16, Vec<(&'static str, String)>, Vec<String>),
     Drop,
 }
 
@@ -357,6 +361,17 @@ impl Upstream for Fake {
                     status: code,
                     headers: h,
                     body: body(VecDeque::from([Ok(text.into_bytes())])),
+                })
+            }
+            Reply::Chunked(code, headers, chunks) => {
+                let mut h = Headers::new();
+                for (n, v) in headers {
+                    h.push(n, v);
+                }
+                Ok(UpstreamResponse {
+                    status: code,
+                    headers: h,
+                    body: body(chunks.into_iter().map(|c| Ok(c.into_bytes())).collect()),
                 })
             }
             Reply::Sse(chunks, broken) => {
