@@ -995,6 +995,92 @@ fn route_list_and_session_list_show_what_is_open_and_pinned_without_tokens() {
     );
 }
 
+/// Characters no output may carry raw: terminal escapes (ESC, BEL, the one-byte C1 CSI),
+/// bidi controls, zero-width characters.
+const RAW: [char; 8] = [
+    '\u{1b}', '\u{7}', '\u{9b}', '\u{202e}', '\u{2066}', '\u{2069}', '\u{200b}', '\u{feff}',
+];
+
+fn assert_no_raw(what: &str, output: &str) {
+    if let Some(c) = output.chars().find(|c| RAW.contains(c)) {
+        panic!("{what} printed {c:?} raw: {output:?}");
+    }
+}
+
+/// Text from outside is printed written out, never raw: an upstream refusal carrying an OSC
+/// title, a screen clear, a C1 CSI and a bidi override (`account list`, `account show`,
+/// `status`); a label with bidi isolates; a client's session id with a bidi override and
+/// zero-width characters (`session list`). `--json` stays JSON that reads back as the same
+/// strings, those characters as `\u` escapes.
+#[test]
+fn outside_text_is_printed_escaped_and_json_reads_back_the_same() {
+    const HOSTILE: &str = "bad key\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\u{202e}gnp.exe";
+    const SHOWN: &str = r"bad key\x1b]0;pwned\x07\x1b[2J\x9b31m\u{202e}gnp.exe";
+    const LABEL: &str = "ops\u{2066}x\u{2069}";
+    const SESSION: &str = "s\u{202e}\u{200b}evil\u{feff}";
+    let upstream = Fake::start(move |seen| {
+        match seen.headers.get("x-api-key").map(String::as_str) {
+            Some(KEY_OLD) => (
+                401,
+                json!({"type": "error", "error": {"type": "authentication_error", "message": HOSTILE}}).to_string(),
+            ),
+            _ => (
+                200,
+                r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#.into(),
+            ),
+        }
+    });
+    let served = Served::start()
+        .never_prints(KEY_OLD)
+        .never_prints(KEY_SPARE);
+    served.ok(&["config", "set", "pool.claude-upstream-url", &upstream.url]);
+    let refused = add_key(&served, KEY_OLD, LABEL, "0");
+    add_key(&served, KEY_SPARE, "spare", "1");
+    let token = open_route(&served, "thread-1", "claude");
+    let served = served.never_prints(&token);
+    // Refused on the first account, served by the second, which pins the session.
+    assert_eq!(agent_request(&served, &token, SESSION), 200);
+
+    for args in [
+        vec!["account", "list"],
+        vec!["account", "show", &refused],
+        vec!["status"],
+    ] {
+        let out = served.ok(&args);
+        assert_no_raw(&args.join(" "), &out);
+        assert!(out.contains(SHOWN), "{args:?}: {out}");
+        assert!(out.contains(r"ops\u{2066}x\u{2069}"), "{args:?}: {out}");
+    }
+    let sessions = served.ok(&["session", "list"]);
+    assert_no_raw("session list", &sessions);
+    assert!(
+        sessions.contains(r"session:s\u{202e}\u{200b}evil\u{feff}"),
+        "{sessions}"
+    );
+
+    // JSON: no raw character either, and the same strings once read.
+    for args in [
+        vec!["account", "list", "--json"],
+        vec!["status", "--json"],
+        vec!["session", "list", "--json"],
+    ] {
+        let out = served.ok(&args);
+        assert_no_raw(&args.join(" "), &out);
+        let value: Value = serde_json::from_str(&out).unwrap();
+        match args[0] {
+            "account" => {
+                let a = &value["accounts"][0];
+                assert_eq!(a["label"], LABEL);
+                assert!(a["error"].as_str().unwrap().ends_with(HOSTILE), "{a}");
+            }
+            "session" => {
+                assert_eq!(value["sessions"][0]["key"], format!("session:{SESSION}"));
+            }
+            _ => assert!(out.contains(r"\u202e"), "{out}"),
+        }
+    }
+}
+
 #[test]
 fn the_new_commands_explain_themselves() {
     let help = |args: &[&str]| {

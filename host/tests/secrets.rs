@@ -2,8 +2,11 @@
 //! logs as JSON to a file (the host, core and plugins at trace, libraries at debug); the test configures API keys, OAuth access and
 //! refresh tokens (and gets new ones from a refresh), route tokens and the admin token,
 //! drives every path of a proxied request — success, an OAuth refresh, an upstream failure,
-//! an upstream 401, the pool's own 401 for a wrong route token — and runs every read command,
-//! then searches the whole log and every output for each secret and for every 12-character
+//! an upstream 401 that echoes the key it refused (as `invalid x-api-key sk-ant-…`), an
+//! upstream 400 passed through that echoes it too, the pool's own 401 for a wrong route
+//! token — and runs every read command (text and `--json`) and reads the admin API's
+//! overview and accounts (what the status page shows), then searches the whole log, every
+//! output and the bodies the client got for each secret and for every 12-character
 //! piece of its secret part (so a secret cut short or embedded in a longer string is found
 //! too). It also checks the per-request JSON line has its fields as members.
 
@@ -24,6 +27,7 @@ use support::text;
 const KEY_OK: &str = "sk-ant-api03-Qz7xK2pL9mW4vN8rOKOK";
 const KEY_FAIL: &str = "sk-ant-api03-Hj3sD8fG1kL5zX0cFAIL";
 const KEY_BAD: &str = "sk-ant-api03-Tb6yN2mQ9wE4rU7iBADD";
+const KEY_ECHO: &str = "sk-ant-api03-Wq2eR5tY8uI1oP4aECHO";
 const ACCESS_OLD: &str = "sk-ant-oat01-Lp4oI8uY2tR6eW1qOLDA";
 const REFRESH_OLD: &str = "sk-ant-ort01-Mn5bV9cX3zA7sD2fOLDR";
 const ACCESS_NEW: &str = "sk-ant-oat01-Gh8jK2lP6oI4uY9tNEWA";
@@ -60,8 +64,8 @@ fn leaked<'a>(haystack: &str, secrets: &'a [String]) -> Option<(&'a str, String)
 
 /// The fake Anthropic API and token endpoint on 127.0.0.1, answering by credential: the
 /// strict provider's refusals first, then `KEY_OK` and `ACCESS_NEW` 200, `KEY_FAIL` 500,
-/// `KEY_BAD` and `ACCESS_OLD` 401; `POST /v1/oauth/token` with `REFRESH_OLD` gives
-/// `ACCESS_NEW` / `REFRESH_NEW`.
+/// `KEY_ECHO` 400, `KEY_BAD` and `ACCESS_OLD` 401 (each error echoing the credential it
+/// was sent); `POST /v1/oauth/token` with `REFRESH_OLD` gives `ACCESS_NEW` / `REFRESH_NEW`.
 fn start_upstream() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -122,8 +126,11 @@ fn serve_one(stream: TcpStream) {
         })
         .unwrap_or_default();
     let ok = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
-    let auth_error =
-        r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#;
+    let auth_error = serde_json::json!({"type": "error", "error": {
+        "type": "authentication_error",
+        "message": format!("invalid x-api-key {credential}"),
+    }})
+    .to_string();
     match credential.as_str() {
         KEY_OK | ACCESS_NEW => answer(&mut stream, 200, ok),
         KEY_FAIL => answer(
@@ -131,7 +138,14 @@ fn serve_one(stream: TcpStream) {
             500,
             r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#,
         ),
-        _ => answer(&mut stream, 401, auth_error),
+        KEY_ECHO => answer(
+            &mut stream,
+            400,
+            &format!(
+                r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"x-api-key {credential} cannot use this model"}}}}"#
+            ),
+        ),
+        _ => answer(&mut stream, 401, &auth_error),
     }
 }
 
@@ -424,10 +438,29 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     assert!(status >= 500, "{status}");
     disable(&server, &mut outputs, &fail_id);
 
-    // An upstream 401: the key is refused.
-    add_key(&server, &mut outputs, KEY_BAD, "bad");
-    let (status, _) = send("s-refused");
-    assert!(status == 401 || status >= 500, "{status}");
+    // An upstream 401 that echoes the key it refused: the client's answer and the
+    // account's error carry the upstream's message without it.
+    let bad_id = add_key(&server, &mut outputs, KEY_BAD, "bad");
+    let (status, refused) = send("s-refused");
+    assert_eq!(status, 401, "{refused}");
+    assert!(
+        refused.contains("invalid x-api-key [redacted]"),
+        "{refused}"
+    );
+    outputs.0.push(("the client's 401".into(), refused));
+
+    // An upstream 400 passed through as is, but for the key it echoes.
+    let echo_id = add_key(&server, &mut outputs, KEY_ECHO, "echo");
+    let (status, passed) = send("s-echo");
+    assert_eq!(status, 400, "{passed}");
+    assert!(
+        passed.contains("x-api-key [redacted] cannot use"),
+        "{passed}"
+    );
+    outputs
+        .0
+        .push(("the client's passed-through 400".into(), passed));
+    disable(&server, &mut outputs, &echo_id);
 
     // The pool's own 401: a wrong route token that looks like a real one.
     let wrong = format!("{}x", &route_token[..42]);
@@ -474,6 +507,10 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
             "s-refused",
             "--json",
         ],
+        vec!["account", "show", &bad_id],
+        vec!["account", "show", &bad_id, "--json"],
+        vec!["status"],
+        vec!["status", "--json"],
         vec!["config", "get"],
         vec!["config", "get", "--json"],
         vec!["config", "get", "pool.claude-token-url"],
@@ -482,6 +519,30 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     ] {
         let out = server.pooler(&args, &[], None);
         outputs.keep(&args.join(" "), &out);
+    }
+    let shown: Value = serde_json::from_str(
+        &outputs
+            .0
+            .iter()
+            .find(|(what, _)| what == &format!("account show {bad_id} --json (stdout)"))
+            .expect("account show --json ran")
+            .1,
+    )
+    .unwrap();
+    let error = shown["account"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("invalid x-api-key [redacted]"), "{shown}");
+    // What the status page reads: the admin API's overview and accounts.
+    for path in ["/_pooler/overview", "/_pooler/accounts"] {
+        let (status, body) = support::http(
+            server.addr(),
+            "GET",
+            path,
+            &[("Authorization", &format!("Bearer {}", admin_token.trim()))],
+            "",
+        );
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(body.contains("[redacted]"), "{path}: {body}");
+        outputs.0.push((format!("GET {path}"), body));
     }
     // A command's own failure: a wrong token in the environment of a client (none is
     // read from there, but a mistaken user may try).
@@ -542,6 +603,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         KEY_OK,
         KEY_FAIL,
         KEY_BAD,
+        KEY_ECHO,
         ACCESS_OLD,
         REFRESH_OLD,
         ACCESS_NEW,

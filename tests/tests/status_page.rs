@@ -13,13 +13,20 @@
 //! The manual clock never moves: nothing is sent by time. The only waits are for the
 //! browser's own work (its requests, the page's 2 s refresh), bounded.
 //!
+//! A second test: text from outside (an account's label, an upstream's refusal) shows on
+//! the page written out visibly (`\u{202e}`, `\x1b`), never raw, and without the key the
+//! refusal echoed.
+//!
 //! Fails (does not skip) when chromium or its driver is missing: CI installs them.
 
 use std::time::Duration;
 
 use pooler_core::{ThreadStatus, TurnTrigger};
+use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
+use pooler_host::bindings::types::Provider;
 use pooler_tests::core::{API_KEY, CoreSetup, success};
 use pooler_tests::pool::reply;
+use pooler_tests::provider::claude;
 use pooler_tests::webdriver::{Browser, target_dir};
 use serde_json::json;
 
@@ -196,5 +203,62 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
             .as_deref(),
         Some("0")
     );
+    drop(browser);
+}
+
+/// An account labelled with a bidi override and a zero-width space, whose key the upstream
+/// refuses with a message that echoes the key and carries terminal escapes (an OSC title,
+/// a screen clear, a C1 CSI): the page's row shows each of them written out, and the key
+/// nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_text_shows_escaped_on_the_page_and_without_the_echoed_key() {
+    const KEY: &str = "sk-ant-api03-Pg5tR8yU1iO4pA7sECHO";
+    let h = CoreSetup::new().without_account().start().await;
+    let a = h
+        .add_account(NewAccount {
+            provider: Provider::Claude,
+            credential: Credential::ApiKey(KEY.into()),
+            label: Some("ops\u{202e}gnp.exe\u{200b}".into()),
+            priority: None,
+        })
+        .await
+        .id;
+    h.upstream.push(claude::error(
+        401,
+        "authentication_error",
+        &format!("invalid x-api-key {KEY} \u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m"),
+    ));
+    let thread = h.new_thread().await;
+    h.send(&thread, "hello");
+    h.settle().await;
+    assert!(h.accounts().await[0].error.is_some(), "the key was refused");
+
+    let (status, minted) = h.admin("POST", "page/login-codes", json!({})).await;
+    assert_eq!(status, 201, "{minted}");
+    let link = minted["url"].as_str().unwrap().to_owned();
+    let browser = blocking(Browser::start);
+    let row = format!("tr[data-account=\"{a}\"]");
+    let text = blocking(|| {
+        browser.goto(&link);
+        browser.wait_for("the account in error", BROWSER, |b| {
+            (b.attribute(&row, "data-status")? == "error").then(|| b.text(&row))?
+        })
+    });
+    for written_out in [
+        "ops\\u{202e}gnp.exe\\u{200b}",
+        "invalid x-api-key [redacted] \\x1b]0;pwned\\x07\\x1b[2J\\x9b31m",
+    ] {
+        assert!(text.contains(written_out), "`{written_out}` in {text:?}");
+    }
+    for raw in ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}', '\u{200b}'] {
+        assert!(!text.contains(raw), "{raw:?} raw in {text:?}");
+    }
+    let secret = &KEY["sk-ant-api03-".len()..];
+    for i in 0..=secret.len() - 12 {
+        assert!(
+            !text.contains(&secret[i..i + 12]),
+            "a piece of the key in {text:?}"
+        );
+    }
     drop(browser);
 }

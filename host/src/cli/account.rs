@@ -225,8 +225,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         AccountCommand::Add(add) => {
             let body = add_body(add)?;
             let answer = out.connect()?.post("accounts", &body).await?;
-            out.print(&answer, || {
-                let account: AccountView = field(&answer, "account")?;
+            out.print(&answer, |answer| {
+                let account: AccountView = field(answer, "account")?;
                 println!("added {}", summary(&account));
                 Ok(())
             })
@@ -246,8 +246,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 "priority": import.priority,
             });
             let answer = out.connect()?.post("accounts/import", &body).await?;
-            out.print(&answer, || {
-                let account: AccountView = field(&answer, "account")?;
+            out.print(&answer, |answer| {
+                let account: AccountView = field(answer, "account")?;
                 println!("imported {} from {}", summary(&account), path.display());
                 Ok(())
             })
@@ -262,8 +262,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({ "credential": credential }),
                 )
                 .await?;
-            out.print(&answer, || {
-                let account: AccountView = field(&answer, "account")?;
+            out.print(&answer, |answer| {
+                let account: AccountView = field(answer, "account")?;
                 println!("updated {}", summary(&account));
                 Ok(())
             })
@@ -274,8 +274,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 None => "accounts".to_owned(),
             };
             let answer = out.connect()?.get(&path).await?;
-            out.print(&answer, || {
-                let accounts: Vec<AccountView> = field(&answer, "accounts")?;
+            out.print(&answer, |answer| {
+                let accounts: Vec<AccountView> = field(answer, "accounts")?;
                 print_list(&accounts);
                 Ok(())
             })
@@ -285,8 +285,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .get(&format!("accounts/{}", percent_encode(&id)))
                 .await?;
-            out.print(&answer, || {
-                let account: AccountView = field(&answer, "account")?;
+            out.print(&answer, |answer| {
+                let account: AccountView = field(answer, "account")?;
                 println!("{}", summary(&account));
                 print!("{}", details(&account, now_ms()));
                 Ok(())
@@ -299,8 +299,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .post(&format!("accounts/{}/refresh", percent_encode(&id)), &json!({}))
                 .await?;
-            out.print(&answer, || {
-                let account: AccountView = field(&answer, "account")?;
+            out.print(&answer, |answer| {
+                let account: AccountView = field(answer, "account")?;
                 println!("refreshed {}", summary(&account));
                 print!("{}", details(&account, now_ms()));
                 Ok(())
@@ -311,7 +311,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .delete(&format!("accounts/{}", percent_encode(&id)))
                 .await?;
-            out.print(&answer, || {
+            out.print(&answer, |_| {
                 println!("removed account {id}");
                 Ok(())
             })
@@ -324,8 +324,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({ "priority": priority }),
                 )
                 .await?;
-            out.print(&answer, || {
-                let account: AccountView = field(&answer, "account")?;
+            out.print(&answer, |answer| {
+                let account: AccountView = field(answer, "account")?;
                 println!("set priority {priority}: {}", summary(&account));
                 Ok(())
             })
@@ -335,8 +335,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .post("accounts/reorder", &json!({ "provider": provider, "ids": ids }))
                 .await?;
-            out.print(&answer, || {
-                let accounts: Vec<AccountView> = field(&answer, "accounts")?;
+            out.print(&answer, |answer| {
+                let accounts: Vec<AccountView> = field(answer, "accounts")?;
                 print_list(&accounts);
                 Ok(())
             })
@@ -349,8 +349,8 @@ async fn act(out: &ClientArgs, id: &str, action: &str, done: &str) -> anyhow::Re
         .connect()?
         .post(&format!("accounts/{}/{action}", percent_encode(id)), &json!({}))
         .await?;
-    out.print(&answer, || {
-        let account: AccountView = field(&answer, "account")?;
+    out.print(&answer, |answer| {
+        let account: AccountView = field(answer, "account")?;
         println!("{done} {}", summary(&account));
         Ok(())
     })
@@ -466,8 +466,8 @@ async fn sign_in(out: &ClientArgs, args: LoginArgs) -> anyhow::Result<()> {
             "signed in and added",
         ),
     };
-    out.print(&answer, || {
-        let account: AccountView = field(&answer, "account")?;
+    out.print(&answer, |answer| {
+        let account: AccountView = field(answer, "account")?;
         println!("{done} {}", summary(&account));
         Ok(())
     })

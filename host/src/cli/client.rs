@@ -48,17 +48,19 @@ impl ClientArgs {
         Client::connect(&super::data_dir(self.data_dir.clone())?)
     }
 
-    /// Print `value` as JSON when `--json` was given, else run `text`.
+    /// Print `value` as JSON when `--json` was given, else run `text` on it with every
+    /// string made visible ([`super::format::visible_json`]): an answer carries text from
+    /// outside (upstream errors, labels, session ids), and no printer prints it raw.
     pub fn print(
         &self,
         value: &Value,
-        text: impl FnOnce() -> anyhow::Result<()>,
+        text: impl FnOnce(&Value) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         if self.json {
-            println!("{}", serde_json::to_string_pretty(value)?);
+            println!("{}", super::format::json_text(value, true));
             Ok(())
         } else {
-            text()
+            text(&super::format::visible_json(value))
         }
     }
 }

@@ -47,8 +47,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         ConfigCommand::Get { key: None } => {
             let answer = out.connect()?.get("settings").await?;
-            out.print(&answer, || {
-                let settings: Vec<SettingView> = field(&answer, "settings")?;
+            out.print(&answer, |answer| {
+                let settings: Vec<SettingView> = field(answer, "settings")?;
                 // The default only where the value differs from it.
                 let rows: Vec<Vec<String>> = settings
                     .iter()
@@ -73,8 +73,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .get(&format!("settings/{}", percent_encode(&key)))
                 .await?;
-            out.print(&answer, || {
-                let s: SettingView = field(&answer, "setting")?;
+            out.print(&answer, |answer| {
+                let s: SettingView = field(answer, "setting")?;
                 println!("{} = {}", s.key, s.value);
                 println!("  default: {}", s.default);
                 println!("  {}", s.description);
@@ -89,8 +89,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({ "value": value }),
                 )
                 .await?;
-            out.print(&answer, || {
-                let s: SettingView = field(&answer, "setting")?;
+            out.print(&answer, |answer| {
+                let s: SettingView = field(answer, "setting")?;
                 println!("{} = {}", s.key, s.value);
                 Ok(())
             })

@@ -522,8 +522,9 @@ pub async fn codex_device_login(http: &OAuthHttp, e: &CodexEndpoints) -> anyhow:
     }
     .unwrap_or(5);
     tell(&format!(
-        "To sign in to Codex:\n  1. open {issuer}/codex/device and sign in\n  2. enter this one-time code (it expires in {} minutes): {user_code}\n\nNever share this code. Waiting…",
-        e.lifetime.as_secs() / 60
+        "To sign in to Codex:\n  1. open {issuer}/codex/device and sign in\n  2. enter this one-time code (it expires in {} minutes): {}\n\nNever share this code. Waiting…",
+        e.lifetime.as_secs() / 60,
+        super::format::visible(&user_code)
     ));
 
     let started = Instant::now();

@@ -127,10 +127,11 @@ pub fn main() -> ExitCode {
     match runtime.block_on(cli.command.run()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // The message may quote the server, which may quote an upstream.
             if json {
-                println!("{}", json_error(&e));
+                println!("{}", format::json_text(&json_error(&e), false));
             } else {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", format::visible_lines(&format!("{e:#}")));
             }
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)

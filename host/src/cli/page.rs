@@ -25,8 +25,8 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.client.connect()?;
     let answer = client.post("page/login-codes", &json!({})).await?;
-    args.client.print(&answer, || {
-        let url: String = field(&answer, "url")?;
+    args.client.print(&answer, |answer| {
+        let url: String = field(answer, "url")?;
         println!("{url}");
         eprintln!("(works once, within 5 minutes)");
         Ok(())

@@ -96,7 +96,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             {
                 anyhow::bail!("thread {t} has nothing pending");
             }
-            out.print(&answer, || {
+            out.print(&answer, |answer| {
+                let candidates: Vec<CandidateView> = field(answer, "candidates")?;
                 if candidates.is_empty() {
                     println!("no thread has a retry pending");
                 } else {
@@ -113,7 +114,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             if chains.is_empty() {
                 anyhow::bail!("thread {thread} has nothing pending");
             }
-            out.print(&answer, || {
+            out.print(&answer, |answer| {
+                let chains: Vec<ChainView> = field(answer, "chains")?;
                 let text: Vec<String> = chains.iter().map(render).collect();
                 print!("{}", text.join("\n"));
                 Ok(())
@@ -126,8 +128,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({}),
                 )
                 .await?;
-            let cancelled: CandidateView = field(&answer, "cancelled")?;
-            out.print(&answer, || {
+            out.print(&answer, |answer| {
+                let cancelled: CandidateView = field(answer, "cancelled")?;
                 println!("{}", cancelled_words(&cancelled, now_ms()));
                 Ok(())
             })
@@ -139,7 +141,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({}),
                 )
                 .await?;
-            out.print(&answer, || {
+            out.print(&answer, |answer| {
                 let sent = &answer["sent"];
                 println!(
                     "sent row {} of thread {thread} now as attempt {} (request {})",
@@ -162,7 +164,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 client.put(&path, &json!({})).await?
             };
-            out.print(&answer, || {
+            out.print(&answer, |_| {
                 if off {
                     println!("thread {thread} gets automatic retries again");
                 } else {

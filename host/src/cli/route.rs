@@ -70,8 +70,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .post("routes", &json!({ "thread": thread, "provider": provider }))
                 .await?;
-            out.print(&answer, || {
-                let route: RouteView = field(&answer, "route")?;
+            out.print(&answer, |answer| {
+                let route: RouteView = field(answer, "route")?;
                 print!("{}", env_lines(&route, export));
                 Ok(())
             })
@@ -82,8 +82,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 None => "routes".to_owned(),
             };
             let answer = out.connect()?.get(&path).await?;
-            out.print(&answer, || {
-                let routes: Vec<RouteSummaryView> = field(&answer, "routes")?;
+            out.print(&answer, |answer| {
+                let routes: Vec<RouteSummaryView> = field(answer, "routes")?;
                 print!("{}", route_table(&routes, now_ms()));
                 Ok(())
             })
@@ -93,7 +93,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .delete(&format!("routes/{provider}/{}", percent_encode(&thread)))
                 .await?;
-            out.print(&answer, || {
+            out.print(&answer, |_| {
                 println!("closed the {provider} route of thread {thread}");
                 Ok(())
             })

@@ -63,8 +63,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 format!("sessions?{}", query.join("&"))
             };
             let answer = out.connect()?.get(&path).await?;
-            out.print(&answer, || {
-                let sessions: Vec<SessionSummaryView> = field(&answer, "sessions")?;
+            out.print(&answer, |answer| {
+                let sessions: Vec<SessionSummaryView> = field(answer, "sessions")?;
                 print!("{}", session_table(&sessions, now_ms()));
                 Ok(())
             })
@@ -74,8 +74,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .connect()?
                 .get(&format!("sessions/{provider}/{}", percent_encode(&session)))
                 .await?;
-            out.print(&answer, || {
-                let s: SessionView = field(&answer, "session")?;
+            out.print(&answer, |answer| {
+                let s: SessionView = field(answer, "session")?;
                 print!("{}", explain(&s, now_ms()));
                 Ok(())
             })

@@ -59,7 +59,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.client.connect()?;
     let Some(every) = args.watch else {
         let answer = client.get("overview").await?;
-        return args.client.print(&answer, || {
+        return args.client.print(&answer, |answer| {
             let overview: Overview = serde_json::from_value(answer.clone())?;
             print!("{}", render(&overview, overview.now, local_style(overview.now)));
             Ok(())
@@ -70,11 +70,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     loop {
         let answer = client.get("overview").await;
         if args.client.json {
-            println!("{}", answer?);
+            println!("{}", super::format::json_text(&answer?, false));
         } else {
-            let screen = match answer.and_then(|a| Ok(serde_json::from_value::<Overview>(a)?)) {
+            let screen = match answer.and_then(|a| {
+                Ok(serde_json::from_value::<Overview>(
+                    super::format::visible_json(&a),
+                )?)
+            }) {
                 Ok(overview) => render(&overview, overview.now, local_style(overview.now)),
-                Err(e) => format!("error: {e:#}\n(retrying every {every} s)\n"),
+                Err(e) => format!(
+                    "error: {}\n(retrying every {every} s)\n",
+                    super::format::visible(&format!("{e:#}"))
+                ),
             };
             // Home, clear the screen, then the new screen.
             print!("\x1b[H\x1b[2J{screen}");

@@ -97,7 +97,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                              "agent": agent, "cwd": cwd, "args": args }),
                 )
                 .await?;
-            out.print(&answer, || {
+            out.print(&answer, |answer| {
                 println!("{}", str_of(&answer["thread"]["id"]));
                 Ok(())
             })
@@ -109,7 +109,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({ "text": text }),
                 )
                 .await?;
-            out.print(&answer, || {
+            out.print(&answer, |answer| {
                 println!("{}", str_of(&answer["request"]));
                 Ok(())
             })
@@ -118,14 +118,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let answer = client
                 .get(&format!("threads/{}", percent_encode(&thread)))
                 .await?;
-            out.print(&answer, || {
-                print!("{}", show_text(&answer, now_ms()));
+            out.print(&answer, |answer| {
+                print!("{}", show_text(answer, now_ms()));
                 Ok(())
             })
         }
         ThreadCommand::List => {
             let answer = client.get("threads").await?;
-            out.print(&answer, || {
+            out.print(&answer, |answer| {
                 let threads = answer["threads"].as_array().cloned().unwrap_or_default();
                 if threads.is_empty() {
                     println!("no threads (create one with `pooler thread new TEXT`)");
@@ -142,7 +142,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({}),
                 )
                 .await?;
-            out.print(&answer, || {
+            out.print(&answer, |_| {
                 println!("cancelled the running turn of thread {thread}");
                 Ok(())
             })
@@ -154,7 +154,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     &json!({}),
                 )
                 .await?;
-            out.print(&answer, || {
+            out.print(&answer, |_| {
                 println!("archived thread {thread}");
                 Ok(())
             })

@@ -13,6 +13,7 @@
 //! | [`session`] | session keys (Claude, Codex) and model family of a request |
 //! | [`skim`] | a JSON body's few top-level members, the rest checked and skipped fast |
 //! | [`quota`] | rate-limit header and usage parsing, windows, blocking resets |
+//! | [`redact`] | an account's credential taken out of upstream text before it is kept or relayed |
 //! | [`policy`] | eligibility tiers, status, choice, outcome table, commit rule, verdict |
 //! | [`settings`] | setting keys, defaults, validation |
 //! | [`oauth`] | refresh decisions, token endpoint shapes, login files |
@@ -29,6 +30,7 @@ pub mod model;
 pub mod oauth;
 pub mod policy;
 pub mod quota;
+pub mod redact;
 pub mod session;
 pub mod settings;
 pub mod skim;

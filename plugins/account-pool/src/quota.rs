@@ -249,6 +249,25 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// Take the account's credential out of every text the upstream put in it (window
+    /// names from header names or usage keys, statuses, the claim), before it is stored.
+    pub fn redact(&mut self, redactor: &crate::redact::Redactor<'_>) {
+        let clean = |text: &mut String| {
+            if let std::borrow::Cow::Owned(redacted) = redactor.redact(text) {
+                *text = redacted;
+            }
+        };
+        for w in &mut self.windows {
+            clean(&mut w.name);
+            w.status.as_mut().map(clean);
+        }
+        self.overage.as_mut().map(clean);
+        self.representative_claim.as_mut().map(clean);
+        if let Some(r) = &mut self.restriction {
+            clean(&mut r.reason);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.windows.is_empty()
             && self.overage.is_none()

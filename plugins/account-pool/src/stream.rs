@@ -3,6 +3,7 @@
 //! SSE `error` event and ends cleanly, any other body ends with an error.
 
 use crate::model::Provider;
+use crate::redact::StreamRedactor;
 
 /// A response body that arrives in chunks.
 #[allow(async_fn_in_trait)]
@@ -54,7 +55,8 @@ pub fn sse_error_event(provider: Provider, message: &str) -> Vec<u8> {
 }
 
 /// Relays an upstream body chunk by chunk, turning a mid-stream break of an event stream
-/// into a final SSE `error` event.
+/// into a final SSE `error` event, and taking the account's credential out of it when
+/// told to ([`Relay::redacting`]).
 pub struct Relay<B> {
     inner: B,
     provider: Provider,
@@ -65,6 +67,17 @@ pub struct Relay<B> {
     at_boundary: bool,
     /// The account whose answer this is, for log lines.
     account: Option<String>,
+    /// Takes the account's credential out of the body (an upstream error relayed as is);
+    /// boxed, as most relays (served answers) go without.
+    redact: Option<Box<Redacting>>,
+}
+
+/// A relay's redaction.
+struct Redacting {
+    redactor: StreamRedactor,
+    /// The break of a body that is not an event stream, given after the bytes held back
+    /// before it.
+    broke: Option<String>,
 }
 
 impl<B: BodyStream> Relay<B> {
@@ -76,7 +89,21 @@ impl<B: BodyStream> Relay<B> {
             done: false,
             at_boundary: true,
             account: None,
+            redact: None,
         }
+    }
+
+    /// Take the account's credential out of the body with `redact` (None: relay as is).
+    /// The body's length changes, which is why the relay never passes the upstream's
+    /// `content-length` on.
+    pub fn redacting(mut self, redact: Option<StreamRedactor>) -> Self {
+        self.redact = redact.map(|redactor| {
+            Box::new(Redacting {
+                redactor,
+                broke: None,
+            })
+        });
+        self
     }
 
     /// Name the account whose answer this is (for log lines; never a secret).
@@ -92,6 +119,9 @@ impl<B: BodyStream> Relay<B> {
 
     /// Relay nothing more (the client went away). Returns whether it had already ended.
     pub fn stop(&mut self) -> bool {
+        if let Some(r) = &mut self.redact {
+            r.broke = None;
+        }
         std::mem::replace(&mut self.done, true)
     }
 
@@ -102,38 +132,70 @@ impl<B: BodyStream> Relay<B> {
 
     /// The next chunk for the client.
     pub async fn next(&mut self) -> Option<Result<Vec<u8>, String>> {
-        if self.done {
-            return None;
+        if let Some(e) = self.redact.as_mut().and_then(|r| r.broke.take()) {
+            return Some(Err(e));
         }
-        match self.inner.next_chunk().await {
-            Some(Ok(chunk)) => {
-                if !chunk.is_empty() {
-                    self.at_boundary = chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n");
-                }
-                Some(Ok(chunk))
+        loop {
+            if self.done {
+                return None;
             }
-            None => {
-                self.done = true;
-                None
-            }
-            Some(Err(e)) => {
-                self.done = true;
-                if self.sse {
-                    let mut event = if self.at_boundary {
-                        Vec::new()
-                    } else {
-                        b"\n\n".to_vec()
+            match self.inner.next_chunk().await {
+                Some(Ok(chunk)) => {
+                    let chunk = match &mut self.redact {
+                        Some(r) => r.redactor.push(&chunk),
+                        None => chunk,
                     };
+                    // All of it held back for now (a piece of the secret may go on).
+                    if chunk.is_empty() && self.redact.is_some() {
+                        continue;
+                    }
+                    self.note_sent(&chunk);
+                    return Some(Ok(chunk));
+                }
+                None => {
+                    self.done = true;
+                    let rest = self.held_rest();
+                    return (!rest.is_empty()).then_some(Ok(rest));
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    let mut out = self.held_rest();
+                    self.note_sent(&out);
+                    if !self.sse {
+                        return match &mut self.redact {
+                            Some(r) if !out.is_empty() => {
+                                r.broke = Some(e);
+                                Some(Ok(out))
+                            }
+                            _ => Some(Err(e)),
+                        };
+                    }
+                    if !self.at_boundary {
+                        out.extend_from_slice(b"\n\n");
+                    }
                     let message = format!(
                         "The {} stream was interrupted: {e}",
                         self.provider.upstream_name()
                     );
-                    event.extend(sse_error_event(self.provider, &message));
-                    Some(Ok(event))
-                } else {
-                    Some(Err(e))
+                    out.extend(sse_error_event(self.provider, &message));
+                    return Some(Ok(out));
                 }
             }
+        }
+    }
+
+    /// What the redaction still held back, redacted; nothing when not redacting.
+    fn held_rest(&mut self) -> Vec<u8> {
+        self.redact
+            .as_mut()
+            .map(|r| r.redactor.finish())
+            .unwrap_or_default()
+    }
+
+    /// Whether what was sent so far ends at an event boundary, after sending `chunk`.
+    fn note_sent(&mut self, chunk: &[u8]) {
+        if !chunk.is_empty() {
+            self.at_boundary = chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n");
         }
     }
 }
@@ -222,6 +284,40 @@ mod tests {
         let body = Chunks(VecDeque::from([Ok(b"{\"a\":".to_vec()), Err("eof".into())]));
         let out = drain(Relay::new(body, Provider::Claude, Some("application/json")));
         assert_eq!(out, vec![Ok(b"{\"a\":".to_vec()), Err("eof".to_owned())]);
+    }
+
+    /// A redacting relay gives out what it held back before a break: the body's end
+    /// (redacted), then the break (an error, or the SSE error event).
+    #[test]
+    fn a_redacting_relay_flushes_what_it_held_before_a_break() {
+        let key = "sk-ant-api03-Qz7xK2pL9mW4vN8rOKOK";
+        let credential = crate::model::Credential::ApiKey(key.into());
+        let body = || {
+            Chunks(VecDeque::from([
+                Ok(b"{\"message\":\"bad sk-ant-api03-Qz7x".to_vec()),
+                Ok(b"K2pL9mW4vN8rOKOK".to_vec()),
+                Err("eof".to_owned()),
+            ]))
+        };
+        let relay = Relay::new(body(), Provider::Claude, Some("application/json"))
+            .redacting(Some(crate::redact::StreamRedactor::new(&credential)));
+        let out = drain(relay);
+        assert_eq!(out.last(), Some(&Err("eof".to_owned())), "{out:?}");
+        let text: Vec<u8> = out
+            .iter()
+            .filter_map(|c| c.clone().ok())
+            .flatten()
+            .collect();
+        assert_eq!(text, b"{\"message\":\"bad [redacted]");
+
+        let relay = Relay::new(body(), Provider::Claude, Some("text/event-stream"))
+            .redacting(Some(crate::redact::StreamRedactor::new(&credential)));
+        let text: Vec<u8> = drain(relay).into_iter().flat_map(Result::unwrap).collect();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.starts_with("{\"message\":\"bad [redacted]\n\nevent: error\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -1,10 +1,28 @@
 // The status page's script: reads GET /_pooler/overview every 2 s (the same snapshot as
 // `pooler status`) and renders it; the buttons call the admin API with the page session's
-// cookie and its CSRF token (x-pooler-csrf). Every text is set with textContent.
+// cookie and its CSRF token (x-pooler-csrf). Every text is set with textContent, through
+// shown(): text from outside (an upstream's error, a label, an id) is written out visibly.
 "use strict";
 
 const CSRF = document.querySelector('meta[name="pooler-csrf"]').content;
 const REFRESH_MS = 2000;
+
+// The characters the CLI shows escaped too (`format::hidden` in host/src/cli/format.rs):
+// C0, DEL and C1 controls, bidi controls, zero-width and other invisible format
+// characters, line and paragraph separators, tag characters (U+E0000–U+E007F, as UTF-16).
+const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]|\udb40[\udc00-\udc7f]/g;
+
+// `text` with each hidden character written out as the CLI writes it: \n, \t, \x1b,
+// \u{202e}. Nothing is dropped: a bidi override shows as itself instead of reordering.
+function shown(text) {
+  return String(text).replace(HIDDEN, (c) => {
+    if (c === "\n") return "\\n";
+    if (c === "\r") return "\\r";
+    if (c === "\t") return "\\t";
+    const n = c.codePointAt(0);
+    return n <= 0xff ? "\\x" + n.toString(16).padStart(2, "0") : "\\u{" + n.toString(16) + "}";
+  });
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -13,7 +31,7 @@ function el(tag, attrs, ...children) {
   }
   for (const child of children) {
     if (child === null || child === undefined) continue;
-    node.append(typeof child === "string" ? document.createTextNode(child) : child);
+    node.append(typeof child === "string" ? document.createTextNode(shown(child)) : child);
   }
   return node;
 }
@@ -104,10 +122,10 @@ async function act(button, method, path, done) {
     const answer = await response.json().catch(() => ({}));
     if (!response.ok) throw new Error((answer.error && answer.error.message) || response.statusText);
     notice.className = "";
-    notice.textContent = done;
+    notice.textContent = shown(done);
   } catch (e) {
     notice.className = "bad";
-    notice.textContent = e.message;
+    notice.textContent = shown(e.message);
   }
   await refresh();
 }
@@ -205,7 +223,7 @@ async function refresh() {
     updated.textContent = "updated " + new Date(o.now).toLocaleTimeString();
     updated.dataset.now = String(o.now);
   } catch (e) {
-    updated.textContent = "cannot reach the server: " + e.message;
+    updated.textContent = shown("cannot reach the server: " + e.message);
   }
   timer = setTimeout(refresh, REFRESH_MS);
 }

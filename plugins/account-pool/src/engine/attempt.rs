@@ -10,6 +10,7 @@ use crate::http::{self, Headers, PoolError};
 use crate::model::{ChangeCause, Credential, HoldKind, OAuthTokens, Provider};
 use crate::policy::{self, AccountState, AttemptOutcome, Classified};
 use crate::quota;
+use crate::redact::{Redactor, StreamRedactor};
 use crate::settings::Settings;
 use crate::stream::{self, BodyStream};
 use pooler_plugin_kit::time::after;
@@ -20,10 +21,12 @@ const DETAIL_LIMIT: usize = 1024;
 
 /// What one attempt on one account came to.
 pub(super) enum Attempt<B> {
-    /// A response for the client: 2xx served, or passed through as is.
+    /// A response for the client: 2xx served, or passed through as is (its body with
+    /// the account's credential taken out by `redact`).
     Respond {
         response: UpstreamResponse<B>,
         served: bool,
+        redact: Option<StreamRedactor>,
     },
     /// The account could not serve; the failure (if any) is what the client sees if
     /// nothing else serves.
@@ -206,10 +209,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         let s = ctx.settings;
         let now = self.env.now();
         tries.status = Some(response.status);
-        let obs = match ctx.provider {
+        let redactor = Redactor::for_credential(credential);
+        let mut obs = match ctx.provider {
             Provider::Claude => quota::parse_claude_headers(&response.headers, now),
             Provider::Codex => quota::parse_codex_headers(&response.headers, now),
         };
+        obs.redact(&redactor);
         // What the answer says about the account's quota is bookkeeping: if it cannot be
         // written, the answer still decides (and may be served).
         self.bookkeeping(id, "the quota observation of this answer", || {
@@ -217,19 +222,23 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         });
         let failed = |outcome, failure| Ok(Next::Done(Attempt::Failed { outcome, failure }));
         match policy::classify(response.status, &obs, ctx.family, now) {
+            // A served answer is the model's: relayed untouched (an upstream echoes what it
+            // was sent in its refusals, and rewriting model output would corrupt it).
             Classified::Served => Ok(Next::Done(Attempt::Respond {
                 response,
                 served: true,
+                redact: None,
             })),
             Classified::PassThrough => Ok(Next::Done(Attempt::Respond {
                 response,
                 served: false,
+                redact: Some(StreamRedactor::new(credential)),
             })),
             Classified::Quota => failed(AttemptOutcome::Quota, None),
             Classified::Family => failed(AttemptOutcome::Family, None),
             Classified::Transient => {
                 let Raced::Done(failure) =
-                    unless_gone(self.env, upstream_failure(&mut response, now)).await
+                    unless_gone(self.env, upstream_failure(&mut response, &redactor, now)).await
                 else {
                     return Ok(Next::Done(Attempt::Cancelled {
                         status: tries.status,
@@ -238,7 +247,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 Ok(self.retry_transient(s, tries, failure).await)
             }
             Classified::RateLimited => {
-                self.rate_limited(ctx, id, &mut response, now, waited, tries)
+                self.rate_limited(ctx, id, &redactor, &mut response, now, waited, tries)
                     .await
             }
             Classified::AuthRefused => {
@@ -273,10 +282,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 
     /// A 429: hold the account for its Retry-After; wait it out here once if it is short,
     /// else fail over.
+    #[allow(clippy::too_many_arguments)]
     async fn rate_limited(
         &self,
         ctx: &Ctx<'_>,
         id: &str,
+        redactor: &Redactor<'_>,
         response: &mut UpstreamResponse<U::Body>,
         now: u64,
         waited: &mut Vec<String>,
@@ -287,7 +298,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         // doing: it stays even if the client leaves during the wait.
         self.store
             .set_hold(id, after(now, wait), HoldKind::RateLimit)?;
-        let Raced::Done(failure) = unless_gone(self.env, upstream_failure(response, now)).await
+        let Raced::Done(failure) =
+            unless_gone(self.env, upstream_failure(response, redactor, now)).await
         else {
             return Ok(Next::Done(Attempt::Cancelled {
                 status: tries.status,
@@ -319,7 +331,9 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         now: u64,
         tries: &mut Tries,
     ) -> Result<Next<U::Body>, DbError> {
-        let Raced::Done(failure) = unless_gone(self.env, upstream_failure(response, now)).await
+        let redactor = Redactor::for_credential(credential);
+        let Raced::Done(failure) =
+            unless_gone(self.env, upstream_failure(response, &redactor, now)).await
         else {
             return Ok(Next::Done(Attempt::Cancelled {
                 status: tries.status,
@@ -499,13 +513,16 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 }
 
 /// A failed upstream answer as the client would see it if nothing else serves: its
-/// status, its detail (≤ 1 KiB) and its Retry-After.
+/// status, its detail (≤ 1 KiB, the account's credential taken out: this text is kept as
+/// the account's error and answered to the client) and its Retry-After.
 async fn upstream_failure<B: BodyStream>(
     response: &mut UpstreamResponse<B>,
+    redactor: &Redactor<'_>,
     now: u64,
 ) -> PoolError {
     let body = stream::read_prefix(&mut response.body, DETAIL_LIMIT).await;
     let message = http::upstream_detail(&body)
+        .map(|m| redactor.redact(&m).into_owned())
         .unwrap_or_else(|| format!("upstream returned HTTP {}.", response.status));
     PoolError {
         status: response.status,

@@ -14,6 +14,7 @@ use crate::model::HoldKind;
 use crate::policy::{
     self, AccountState, AttemptOutcome, Candidate, PinAction, PinSeen, Role, Selection,
 };
+use crate::redact::StreamRedactor;
 use crate::store::{Pin, TOUCH_GRANULARITY_MS};
 use crate::stream::Relay;
 use pooler_plugin_kit::{Db, DbError};
@@ -243,7 +244,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     ) -> Result<Step<U::Body>, DbError> {
         let id = state.id.as_str();
         match attempt {
-            Attempt::Respond { response, served } => {
+            Attempt::Respond {
+                response,
+                served,
+                redact,
+            } => {
                 let now = self.env.now();
                 let noted = self.report.borrow().attempts.len();
                 // What this outcome changes is one commit (one WAL write, one lock). The
@@ -297,7 +302,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                         (false, _) => "passed-through",
                     });
                 }
-                Ok(Step::Answer(self.relay(ctx, id, response)))
+                Ok(Step::Answer(self.relay(ctx, id, response, redact)))
             }
             Attempt::Cancelled { status } => {
                 // Recorded, and nothing else: no pin, cursor or failure of this request
@@ -501,6 +506,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         ctx: &Ctx<'_>,
         account: &str,
         response: UpstreamResponse<U::Body>,
+        redact: Option<StreamRedactor>,
     ) -> Response<U::Body> {
         let mut headers = Headers::new();
         for (n, v) in response.headers.iter() {
@@ -515,7 +521,9 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         } else {
             response.headers.get("content-type")
         };
-        let relay = Relay::new(response.body, ctx.provider, content_type).for_account(account);
+        let relay = Relay::new(response.body, ctx.provider, content_type)
+            .for_account(account)
+            .redacting(redact);
         Response {
             status: response.status,
             headers,

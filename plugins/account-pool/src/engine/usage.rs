@@ -10,6 +10,7 @@ use crate::http::{self, Headers};
 use crate::model::{ChangeCause, Credential, Family, Provider};
 use crate::policy::{self, AccountState};
 use crate::quota::{self, Observation};
+use crate::redact::Redactor;
 use crate::settings::Settings;
 use crate::stream;
 use pooler_plugin_kit::{Db, DbError};
@@ -222,10 +223,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             )));
         };
         let now = self.env.now();
-        let obs = match provider {
+        let mut obs = match provider {
             Provider::Claude => quota::parse_claude_usage(&json, now),
             Provider::Codex => quota::parse_codex_usage(&json, now),
         };
+        let credential = Credential::OAuth(tokens);
+        obs.redact(&Redactor::for_credential(&credential));
         self.observe(provider, id, &obs, s.switch_threshold, now)?;
         Ok(Ok(()))
     }

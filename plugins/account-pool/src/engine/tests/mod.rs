@@ -11,6 +11,7 @@
 //! | [`admin`] | replacing a credential in place; listing routes and pinned sessions |
 //! | [`faults`] | absurd upstream values, a stalled or lost token refresh, storage failing after a served answer |
 //! | [`odd`] | odd upstream answers: 1xx, compressed bodies; what every upstream call asks for |
+//! | [`redaction`] | an upstream that echoes the account's credential: kept and relayed without it |
 
 mod admin;
 mod cancel;
@@ -18,6 +19,7 @@ mod edges;
 mod faults;
 mod observe;
 mod odd;
+mod redaction;
 mod scenarios;
 mod storage;
 
@@ -178,6 +180,8 @@ enum Reply {
     Sse(Vec<&'static str>, bool),
     /// A 200 with these headers, its body in these chunks, broken after them when true.
     Chunks(Vec<(&'static str, String)>, Vec<&'static str>, bool),
+    /// A status, headers, and a body in these chunks.
+    Chunked(u16, Vec<(&'static str, String)>, Vec<String>),
     Drop,
 }
 
@@ -379,6 +383,17 @@ impl Upstream for Fake {
                     status: 200,
                     headers: h,
                     body: body(q),
+                })
+            }
+            Reply::Chunked(code, headers, chunks) => {
+                let mut h = Headers::new();
+                for (n, v) in headers {
+                    h.push(n, v);
+                }
+                Ok(UpstreamResponse {
+                    status: code,
+                    headers: h,
+                    body: body(chunks.into_iter().map(|c| Ok(c.into_bytes())).collect()),
                 })
             }
             Reply::Sse(chunks, broken) => {
