@@ -131,6 +131,12 @@ impl PoolSetup {
         self
     }
 
+    /// More configuration text: other tables (`[server]\nmax-body-bytes = …`, say).
+    pub fn config(mut self, toml: &str) -> Self {
+        self.setup = self.setup.config(toml);
+        self
+    }
+
     /// Load the fixture retry plugin as the availability listener.
     pub fn with_listener(mut self) -> Self {
         self.setup = self
