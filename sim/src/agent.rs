@@ -206,10 +206,11 @@ impl Agents {
             .turn_started(thread as usize, self.clock.now_ms());
         // The turn ends in the ledger however it ends: the core drops a turn that runs past
         // its time limit (or is cancelled) without waiting for it to return.
-        let running = Running {
+        let mut running = Running {
             ledger: &self.ledger,
             clock: &self.clock,
             thread: thread as usize,
+            returned: false,
         };
         let result = self
             .work(
@@ -229,6 +230,7 @@ impl Agents {
         if result.is_ok() {
             self.ledger.task_done(thread as usize, now);
         }
+        running.returned = true;
         drop(running);
         if result.is_ok() {
             (self.done)(thread, task);
@@ -416,10 +418,15 @@ struct Running<'a> {
     ledger: &'a Ledger,
     clock: &'a SharedClock,
     thread: usize,
+    /// The turn returned (else the core dropped it: its time limit, a cancel).
+    returned: bool,
 }
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
+        if !self.returned {
+            self.ledger.act_turn_cut(self.thread);
+        }
         self.ledger.turn_ended(self.thread, self.clock.now_ms());
     }
 }

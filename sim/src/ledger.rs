@@ -51,6 +51,8 @@ pub struct ThreadTrack {
     pub segments: Vec<(u64, u64, Activity)>,
     pub tasks_sent: u32,
     pub tasks_done: u32,
+    /// Turns the core stopped before they returned (the agent's time limit).
+    pub turns_cut: u32,
 }
 
 /// A person's action, by kind.
@@ -117,6 +119,7 @@ impl Ledger {
                         segments: Vec::new(),
                         tasks_sent: 0,
                         tasks_done: 0,
+                        turns_cut: 0,
                     })
                     .collect(),
                 enabled,
@@ -291,6 +294,11 @@ impl Ledger {
 
     pub fn enabled(&self) -> Vec<bool> {
         self.inner().enabled.clone()
+    }
+
+    /// The core stopped a turn of `thread` before it returned.
+    pub fn act_turn_cut(&self, thread: usize) {
+        self.inner().threads[thread].turns_cut += 1;
     }
 
     pub fn act(&self, action: Action) {

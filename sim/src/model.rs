@@ -632,14 +632,6 @@ impl Model {
         } = &mut *state;
         let account = &mut accounts[idx];
         account.roll(idx, now, expiries);
-        if let Some(refusal) = account.refusal(&family, tag.context, now) {
-            let reply = account.refused(&refusal, now);
-            account.sample(now);
-            record(&mut state, AttemptEnd::RateLimited, (0, 0, 0), 0.0);
-            drop(state);
-            (self.on_change)(now);
-            return reply;
-        }
         // Prompt cache: a prefix used within its lifetime is read, the rest written.
         let ttl = (self.params.cache_ttl_min * MINUTE as f64) as u64;
         let cached = account
@@ -650,6 +642,16 @@ impl Model {
         let cache_read = cached.min(tag.context);
         let cache_write = tag.context - cache_read;
         let input = 4;
+        // Per-minute input limits count what is not read from a cache (the Messages API's
+        // cache-aware input limit).
+        if let Some(refusal) = account.refusal(&family, input + cache_write, now) {
+            let reply = account.refused(&refusal, now);
+            account.sample(now);
+            record(&mut state, AttemptEnd::RateLimited, (0, 0, 0), 0.0);
+            drop(state);
+            (self.on_change)(now);
+            return reply;
+        }
         account
             .caches
             .retain(|_, (last, _)| now.saturating_sub(*last) <= ttl);
@@ -670,7 +672,7 @@ impl Model {
                 + cache_read as f64 * c.cache_read
                 + tag.output as f64 * c.output)
             / 1000.0;
-        account.spend(&family, units, tag.context, now);
+        account.spend(&family, units, input + cache_write, now);
         account.sample(now);
         let headers = account.headers(now);
         let tokens = input + cache_read + cache_write + tag.output;

@@ -54,6 +54,15 @@ pub struct Expired {
     pub work_was_waiting: bool,
 }
 
+/// A stretch of a thread's time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stretch {
+    pub thread: usize,
+    /// Hours after the start.
+    pub from_hour: f64,
+    pub minutes: f64,
+}
+
 /// The figures of one run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Figures {
@@ -93,6 +102,8 @@ pub struct Figures {
     /// 429 and 529 per 1,000 served requests.
     pub refused_per_1000_served: f64,
     pub failed_turn_chains: usize,
+    /// Turns the core stopped at the agent's time limit (`[agents] turn-time-limit-s`).
+    pub turns_cut_at_time_limit: u32,
     pub retries_per_failed_turn_mean: f64,
     pub retries_per_failed_turn_max: u32,
     pub attempt_cap: u32,
@@ -101,6 +112,9 @@ pub struct Figures {
     /// The same, counting only resets with work waiting in the 5 hours before.
     pub weekly_expired_unused_while_waiting: f64,
     pub weekly_expiries: Vec<Expired>,
+    /// The longest stretches of waiting while capacity existed (at most ten), where to look
+    /// first for what the pool did wrong.
+    pub longest_waits_with_capacity: Vec<Stretch>,
     pub token_refreshes: u64,
     pub token_refreshes_refused: u64,
 }
@@ -183,6 +197,28 @@ pub fn figures(r: &Recorded) -> Figures {
         .map(|(_, n)| *n)
         .sum();
     let retries = &r.retries_per_failed_turn;
+    let mut stretches: Vec<Stretch> = r
+        .ledger
+        .threads
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            t.segments
+                .iter()
+                .filter(|(_, _, a)| *a == Activity::WaitingWithCapacity)
+                .map(move |(from, to, _)| Stretch {
+                    thread: i + 1,
+                    from_hour: round((from - r.start) as f64 / HOUR as f64, 3),
+                    minutes: round((to - from) as f64 / MINUTE as f64, 2),
+                })
+        })
+        .collect();
+    stretches.sort_by(|a, b| {
+        b.minutes
+            .total_cmp(&a.minutes)
+            .then(a.thread.cmp(&b.thread))
+    });
+    stretches.truncate(10);
     Figures {
         variant: r.variant.clone(),
         turns_demanded: demanded,
@@ -248,6 +284,7 @@ pub fn figures(r: &Recorded) -> Figures {
             2,
         ),
         failed_turn_chains: retries.len(),
+        turns_cut_at_time_limit: r.ledger.threads.iter().map(|t| t.turns_cut).sum(),
         retries_per_failed_turn_mean: round(
             if retries.is_empty() {
                 0.0
@@ -268,6 +305,7 @@ pub fn figures(r: &Recorded) -> Figures {
             4,
         ),
         weekly_expiries: expiries,
+        longest_waits_with_capacity: stretches,
         token_refreshes: r.refreshes.0,
         token_refreshes_refused: r.refreshes.1,
     }
@@ -306,7 +344,9 @@ fn rows(all: &[Figures]) -> Vec<(String, Vec<String>)> {
         row("turns completed / demanded", &|f| {
             format!("{} / {}", f.turns_completed, f.turns_demanded)
         }),
-        row("requests served", &|f| f.requests_served.to_string()),
+        row("requests served (units)", &|f| {
+            format!("{} ({:.0}k)", f.requests_served, f.units_served / 1000.0)
+        }),
         row("tokens served (M)", &|f| {
             format!("{:.1}", f.tokens_served as f64 / 1e6)
         }),
@@ -353,6 +393,9 @@ fn rows(all: &[Figures]) -> Vec<(String, Vec<String>)> {
                 "{:.1} ({} + {})",
                 f.refused_per_1000_served, f.refused_429, f.refused_529
             )
+        }),
+        row("turns cut at the agent's time limit", &|f| {
+            f.turns_cut_at_time_limit.to_string()
         }),
         row("retries per failed turn, mean / max (cap)", &|f| {
             format!(
@@ -492,9 +535,14 @@ pub fn html(scenario: &Scenario, all: &[Figures], runs: &[Recorded]) -> String {
     out
 }
 
-fn timeline(r: &Recorded) -> String {
+/// Where instant `t` of run `r` is drawn on its timeline (pixels from the left).
+pub fn x_of(r: &Recorded, t: u64) -> f64 {
     let span = (r.end - r.start).max(1) as f64;
-    let x = |t: u64| LABEL + (WIDTH - LABEL) * (t.saturating_sub(r.start) as f64 / span).min(1.0);
+    LABEL + (WIDTH - LABEL) * (t.saturating_sub(r.start) as f64 / span).min(1.0)
+}
+
+fn timeline(r: &Recorded) -> String {
+    let x = |t: u64| x_of(r, t);
     let lanes = r.account_names.len() + r.ledger.threads.len();
     let height = 24.0 + LANE * lanes as f64;
     let mut s = format!(
@@ -519,9 +567,9 @@ fn timeline(r: &Recorded) -> String {
         let top = 20.0 + LANE * i as f64;
         let _ = write!(
             s,
-            "<text x=\"0\" y=\"{:.1}\">{}</text>",
-            top + 18.0,
-            escape(name)
+            "<g class=\"lane\" data-lane=\"{0}\"><text x=\"0\" y=\"{1:.1}\">{0}</text>",
+            escape(name),
+            top + 18.0
         );
         // The pool's view, as bands.
         let statuses = &r.statuses[i];
@@ -592,12 +640,13 @@ fn timeline(r: &Recorded) -> String {
                 );
             }
         }
+        s.push_str("</g>");
     }
     for (i, t) in r.ledger.threads.iter().enumerate() {
         let top = 20.0 + LANE * (r.account_names.len() + i) as f64;
         let _ = write!(
             s,
-            "<text x=\"0\" y=\"{:.1}\">thread {} ({})</text>",
+            "<g class=\"lane\" data-lane=\"thread {1}\"><text x=\"0\" y=\"{0:.1}\">thread {1} ({2})</text>",
             top + 18.0,
             i + 1,
             escape(&t.family)
@@ -617,6 +666,7 @@ fn timeline(r: &Recorded) -> String {
                 LANE - 16.0
             );
         }
+        s.push_str("</g>");
     }
     s.push_str("</svg>");
     s
