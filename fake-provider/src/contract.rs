@@ -271,6 +271,20 @@ pub mod claude {
         let error = json!({"type": "error", "error": {"type": kind, "message": "Overloaded"}});
         delta(start(Reply::sse(), "claude-sonnet-4-5"), text).event("error", &error.to_string())
     }
+
+    /// A streamed request the API accepted (200) and failed before its first event: the
+    /// stream's only event is an `error` of `kind` (`overloaded_error`, `rate_limit_error`)
+    /// in place of `message_start`. The shape is the Messages API streaming documentation's
+    /// ("error events": `event: error`, `{"type":"error","error":{"type":"overloaded_error",
+    /// "message":"Overloaded"}}`, what a non-streamed request gets as a 529); a
+    /// `rate_limit_error` there follows the same envelope. Add the head's rate-limit headers
+    /// with [`Reply::header`].
+    pub fn failed_stream(kind: &str, message: &str) -> Reply {
+        let error = json!({"type": "error", "error": {"type": kind, "message": message}});
+        Reply::sse()
+            .header("request-id", "req_fake")
+            .event("error", &error.to_string())
+    }
 }
 
 /// Replies shaped like the ChatGPT Codex backend's.
@@ -313,6 +327,31 @@ pub mod codex {
                              "plan_type": "plus", "resets_in_seconds": resets_in_s}})
             .to_string(),
         )
+    }
+
+    /// A Responses stream that announces its response and then fails with `code`
+    /// (`rate_limit_exceeded`, `server_is_overloaded`): `response.created`,
+    /// `response.in_progress`, then `response.failed` carrying `response.error`. The shape
+    /// is the one the Codex CLI's SSE tests keep as received from the service (a
+    /// `rate_limit_exceeded` at sequence number 3, `codex-rs/codex-api/src/sse/responses.rs`).
+    pub fn failed_response(code: &str, message: &str) -> Reply {
+        let response =
+            |status: &str| json!({"id": "resp_fake", "object": "response", "status": status});
+        let mut failed = response("failed");
+        failed["error"] = json!({"code": code, "message": message});
+        Reply::sse()
+            .event(
+                "response.created",
+                &json!({"type": "response.created", "sequence_number": 0, "response": response("in_progress")}).to_string(),
+            )
+            .event(
+                "response.in_progress",
+                &json!({"type": "response.in_progress", "sequence_number": 1, "response": response("in_progress")}).to_string(),
+            )
+            .event(
+                "response.failed",
+                &json!({"type": "response.failed", "sequence_number": 2, "response": failed}).to_string(),
+            )
     }
 
     /// A complete Responses stream answering `text`.

@@ -24,6 +24,12 @@
 //! line; `POOL_BENCH_SECONDS=n` makes each run last n seconds instead of 3 (a soak run);
 //! `POOL_BENCH_BODY_KIB=n` pads each request's conversation to about n KiB (agents send
 //! tens to hundreds of KiB) instead of ~200 bytes.
+//!
+//! `POOL_BENCH_SSE=1` makes the upstream answer a Messages stream (`claude::message`, its
+//! events sent at once) and times each request to its first body frame (the first event
+//! the agent gets) instead of to its end; `POOL_BENCH_FIRST_EVENT_WAIT=0s` sets the pool's
+//! `first-event-wait` (0s: the head goes out before the first event is read, as it did
+//! before the pool held it), so the two can be compared in one build.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,6 +67,12 @@ fn padding() -> String {
     let line = "    let url = format!(\"{base}/v1/messages?beta=true\"); // where requests go\n";
     let text = line.repeat(kib * 1024 / line.len());
     format!(r#""content":{}"#, serde_json::Value::from(text))
+}
+
+/// Whether the upstream answers a Messages stream and requests are timed to their first
+/// body frame (`POOL_BENCH_SSE=1`).
+fn sse() -> bool {
+    std::env::var_os("POOL_BENCH_SSE").is_some_and(|v| v != "0")
 }
 
 /// Alternating fixture and pool runs per throughput figure.
@@ -200,6 +212,20 @@ async fn load(target: &Target, clients: usize) -> anyhow::Result<Load> {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let sent = Instant::now();
+                if sse() {
+                    use http_body_util::BodyExt;
+                    let response = client.open(target.request(&session)).await?;
+                    anyhow::ensure!(target.answered(response.status()), "{}", response.status());
+                    let mut body = response.into_body();
+                    let first = body.frame().await;
+                    latencies.push(sent.elapsed());
+                    anyhow::ensure!(
+                        first.is_some_and(|f| f.is_ok()),
+                        "a stream without a first frame"
+                    );
+                    body.collect().await?;
+                    continue;
+                }
                 let answer = client.send(target.request(&session)).await?;
                 anyhow::ensure!(
                     target.answered(answer.status),
@@ -245,7 +271,11 @@ fn ms(d: Duration) -> f64 {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let upstream = FakeUpstream::start().await;
+    let upstream = if sse() {
+        FakeUpstream::start_with_default(pooler_tests::provider::claude::message("ok")).await
+    } else {
+        FakeUpstream::start().await
+    };
     upstream.set_recording(false);
     let pool_data = tempfile::tempdir()?;
     let fixture_data = tempfile::tempdir()?;
@@ -253,6 +283,11 @@ async fn run() -> anyhow::Result<()> {
     let (fixture_url, _fixture_host, stop_fixture) =
         serve_pool(fixtures::POOL, fixture_data.path()).await?;
     let token = configure_pool(&pool_host, &pool_url, &upstream.url()).await?;
+    if let Ok(wait) = std::env::var("POOL_BENCH_FIRST_EVENT_WAIT") {
+        pooler_tests::exports::set_pool_setting(&pool_host, "first-event-wait", &wait)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
     let padding: Arc<str> = padding().into();
     let body_bytes = request_body("session-0", &padding).len();
     println!(

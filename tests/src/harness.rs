@@ -251,6 +251,17 @@ impl TestHost {
     /// the maintenance loop), once something sleeps past now. Waits (for real, at most
     /// `limit`) until something does; `None` if nothing did.
     pub async fn next_wake(&self, limit: std::time::Duration) -> Option<std::time::Duration> {
+        self.next_wake_within(std::time::Duration::MAX, limit).await
+    }
+
+    /// Like [`TestHost::next_wake`], for a sleeper that wakes within `longest` of now: the
+    /// soonest one, once there is one (a longer sleep meanwhile is left to its own time).
+    pub async fn next_wake_within(
+        &self,
+        longest: std::time::Duration,
+        limit: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let longest = u64::try_from(longest.as_nanos()).unwrap_or(u64::MAX);
         let mut rx = self.sleepers.pending.subscribe();
         let clock = self.clock.clone();
         let ahead = move |pending: &Vec<(u64, u64)>| {
@@ -262,7 +273,8 @@ impl TestHost {
                 .min()
                 .map(|at| at - now)
         };
-        let found = tokio::time::timeout(limit, rx.wait_for(|p| ahead(p).is_some()))
+        let due = |p: &Vec<(u64, u64)>| ahead(p).is_some_and(|ns| ns <= longest);
+        let found = tokio::time::timeout(limit, rx.wait_for(due))
             .await
             .ok()?
             .ok()?

@@ -290,6 +290,17 @@ impl Pool {
     /// clock (backoff, an inline wait, a refresh poll), the clock moves to exactly when it
     /// wakes. Returns the answer and each clock move, in order.
     pub async fn drive(&self, request: Request<Full<Bytes>>) -> (Answer, Vec<Duration>) {
+        self.drive_within(request, Duration::MAX).await
+    }
+
+    /// Like [`Pool::drive`], moving the clock only for sleeps of at most `longest` (a
+    /// backoff, say), never for a longer one (the wait for a stream's first event, say):
+    /// that one ends on its own account or not at all.
+    pub async fn drive_within(
+        &self,
+        request: Request<Full<Bytes>>,
+        longest: Duration,
+    ) -> (Answer, Vec<Duration>) {
         let client = self.client.clone();
         let mut task = tokio::spawn(async move { client.send(request).await });
         let mut moves = Vec::new();
@@ -300,7 +311,7 @@ impl Pool {
                     let answer = answer.expect("the request task").expect("the request went through");
                     return (answer, moves);
                 }
-                wake = self.host.next_wake(Duration::from_secs(3600)) => {
+                wake = self.host.next_wake_within(longest, Duration::from_secs(3600)) => {
                     if let Some(wake) = wake {
                         self.host.clock.advance(wake);
                         moves.push(wake);

@@ -14,6 +14,7 @@ use pooler_host::bindings::types::Provider;
 use pooler_host::roles::Role;
 use pooler_tests::harness::START_MS;
 use pooler_tests::pool::{Pool, PoolSetup, SOON, five_hour_rejected, oauth, reply};
+use pooler_tests::provider::{claude, codex};
 use pooler_tests::upstream::{Gate, Reply};
 
 /// AP-14: streaming — an SSE response is passed through as it comes (the first event
@@ -102,6 +103,142 @@ async fn ap14_sse_streams_through_and_a_broken_stream_ends_with_an_error_event()
         "no second attempt after headers were sent"
     );
     assert_eq!(pool.pinned("S").await.as_deref(), Some("A"));
+}
+
+/// The longest wait the tests below let the clock run through: the transient backoffs
+/// (250 ms, 1 s), never the wait for a stream's first event (`first-event-wait`, 5 s).
+const BACKOFFS_ONLY: Duration = Duration::from_secs(2);
+
+/// The text of a scripted reply's body.
+fn text_of(reply: &Reply) -> String {
+    String::from_utf8(reply.body_bytes()).unwrap()
+}
+
+/// A 200 stream whose first event is an `overloaded_error` has delivered nothing: the pool
+/// held its head, retries the account as it would a 529 (after the transient backoff), and
+/// the client sees one clean stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opening_with_an_overload_is_retried_and_the_client_sees_one_clean_stream() {
+    let pool = Pool::claude().await;
+    pool.upstream
+        .push(claude::failed_stream("overloaded_error", "Overloaded"));
+    pool.upstream.push(claude::message("pong"));
+    let (answer, moves) = pool.drive_within(pool.messages("S"), BACKOFFS_ONLY).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.header("content-type"), Some("text/event-stream"));
+    assert_eq!(answer.body, text_of(&claude::message("pong")));
+    assert_eq!(pool.seen(), ["A", "A"], "the same account, again");
+    assert_eq!(moves, [Duration::from_millis(250)], "the transient backoff");
+    assert_eq!(pool.pinned("S").await.as_deref(), Some("A"));
+}
+
+/// A 200 stream whose first event is a `rate_limit_error`, its head saying the shared
+/// 5-hour window is rejected, is a lasting refusal as that 429 would be: the conversation
+/// moves, and its next request goes to its new account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opening_with_a_shared_rate_limit_moves_the_conversation() {
+    let pool = Pool::claude().await;
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    let mut limited = claude::failed_stream(
+        "rate_limit_error",
+        "Number of request tokens has exceeded your rate limit.",
+    );
+    for (name, value) in claude::unified_headers("rejected", 1.0, pool.now() + 3_600_000) {
+        limited = limited.header(&name, &value);
+    }
+    pool.upstream.push(limited);
+    pool.upstream.push(claude::message("from B"));
+    let answer = pool.send(pool.messages("S")).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body, text_of(&claude::message("from B")));
+    assert_eq!(pool.seen_after(1), ["A", "B"]);
+    assert_eq!(pool.pinned("S").await.as_deref(), Some("B"));
+    assert_eq!(pool.account("A").await.status, AccountStatus::Exhausted);
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.seen_after(3), ["B"], "its next request goes to B");
+}
+
+/// Once the answer's first event has passed, a failure later in the stream is relayed as
+/// today: the client gets what came and the `error` event, and nothing is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_event_followed_by_an_error_is_relayed_as_today() {
+    let pool = Pool::claude().await;
+    let failing = claude::stream_error("Let me look", "overloaded_error");
+    pool.upstream.push(failing.clone());
+    let answer = pool.send(pool.messages("S")).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body, text_of(&failing));
+    assert!(answer.body.contains("overloaded_error"));
+    assert_eq!(pool.seen(), ["A"], "no second attempt");
+}
+
+/// A stream whose first event is slower than `first-event-wait` is relayed as today: the
+/// head goes out when the wait is up, and the events as they come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_event_slower_than_the_wait_is_relayed_as_today() {
+    let pool = Pool::claude().await;
+    let gate = Gate::new();
+    pool.upstream.push(
+        Reply::sse()
+            .pause(&gate)
+            .event("message_start", "{\"n\":1}")
+            .event("message_stop", "{\"n\":2}"),
+    );
+    let client = pool.client.clone();
+    let request = pool.messages("S");
+    let opened = tokio::spawn(async move { client.open(request).await });
+    let wait = pool.host.next_wake(SOON).await;
+    assert_eq!(
+        wait,
+        Some(Duration::from_secs(5)),
+        "the head is held for the first event, `first-event-wait` at most"
+    );
+    assert!(!opened.is_finished(), "no head while it is held");
+    pool.advance(Duration::from_secs(5));
+    let response = tokio::time::timeout(SOON, opened)
+        .await
+        .expect("the head came once the wait was up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    gate.open();
+    let body = tokio::time::timeout(SOON, response.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        body.as_ref(),
+        b"event: message_start\ndata: {\"n\":1}\n\nevent: message_stop\ndata: {\"n\":2}\n\n"
+    );
+    assert_eq!(pool.seen(), ["A"]);
+}
+
+/// Codex: a Responses stream that announces its response and then fails with
+/// `server_is_overloaded` has delivered no output: retried, one clean stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_stream_failing_after_its_announcement_is_retried() {
+    let pool = PoolSetup::new(Provider::Codex)
+        .account(oauth(Provider::Codex, "A", None))
+        .account(oauth(Provider::Codex, "B", None))
+        .start()
+        .await;
+    pool.upstream.push(codex::failed_response(
+        "server_is_overloaded",
+        "Our servers are currently overloaded. Please try again later.",
+    ));
+    pool.upstream.push(codex::response("pong"));
+    let request = codex_request(
+        &pool,
+        &[("session-id", "s1")],
+        serde_json::json!({"model": "gpt-5-codex", "input": [], "stream": true, "store": false}),
+    );
+    let (answer, moves) = pool.drive_within(request, BACKOFFS_ONLY).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body, text_of(&codex::response("pong")));
+    assert_eq!(pool.seen(), ["A", "A"]);
+    assert_eq!(moves, [Duration::from_millis(250)]);
 }
 
 /// A Codex `POST /v1/responses` with these headers and body.

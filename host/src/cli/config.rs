@@ -17,7 +17,8 @@ use crate::wire::{SettingView, percent_encode};
     pooler config get\n  \
     pooler config get pool.switch-threshold\n  \
     pooler config set pool.switch-threshold 0.9\n  \
-    pooler config set pool.claude-routing off")]
+    pooler config set pool.claude-routing off\n  \
+    pooler config set pool.first-event-wait 0s")]
 pub struct Args {
     #[command(flatten)]
     pub(super) client: ClientArgs,

@@ -21,12 +21,14 @@
 //! | [`token`] | route tokens: generation, hashing, constant-time compare |
 //! | [`store`] | the SQLite schema and every read and write |
 //! | [`engine`] | the proxy's attempt loop over the traits |
+//! | [`first_event`] | a served stream's first event: an opening failure the pool acts on |
 //! | [`stream`] | the streaming relay with the SSE error event |
 //! | [`admin`] | accounts, routes, settings, availability and maintenance operations |
 
 pub mod admin;
 pub mod body;
 pub mod engine;
+pub mod first_event;
 pub mod http;
 pub mod model;
 pub mod oauth;

@@ -28,7 +28,7 @@ enum Kind {
 }
 
 /// Every setting, sorted by key.
-pub const SPECS: [Spec; 15] = [
+pub const SPECS: [Spec; 16] = [
     Spec {
         key: "claude-routing",
         default: "on",
@@ -64,6 +64,12 @@ pub const SPECS: [Spec; 15] = [
         default: "https://chatgpt.com/backend-api/codex",
         kind: Kind::Url,
         description: "The ChatGPT Codex API base URL requests are forwarded to (absolute http(s) URL).",
+    },
+    Spec {
+        key: "first-event-wait",
+        default: "5s",
+        kind: Kind::Duration(0, 30_000),
+        description: "How long a served event stream's head is held for its first event, so that a stream opening with an overload or rate-limit error is retried or moved like the matching status instead of relayed (a duration from 0s to 30s; 0s relays the head at once). A stream whose first event is slower is relayed as it comes.",
     },
     Spec {
         key: "inline-wait",
@@ -297,6 +303,7 @@ pub struct Settings {
     pub usage_refresh_ms: u64,
     pub max_request_body: u64,
     pub token_hold_ms: u64,
+    pub first_event_wait_ms: u64,
 }
 
 impl Default for Settings {
@@ -338,6 +345,7 @@ impl Settings {
             usage_refresh_ms: dur("usage-refresh"),
             max_request_body: num("max-request-body"),
             token_hold_ms: dur("token-hold"),
+            first_event_wait_ms: dur("first-event-wait"),
         }
     }
 
@@ -414,6 +422,7 @@ mod tests {
             (250, 1_000, 1_000)
         );
         assert_eq!(s.usage_refresh_ms, 300_000);
+        assert_eq!(s.first_event_wait_ms, 5_000);
         assert!(s.claude_routing && s.codex_routing);
         assert_eq!(
             s.upstream_url(Provider::Codex),
@@ -449,6 +458,7 @@ mod tests {
             ("codex-token-url", "https://auth.example:65536/oauth/token"),
             ("codex-routing", "maybe"),
             ("usage-refresh", "1s"),
+            ("first-event-wait", "31s"),
         ];
         for (key, value) in table {
             match canonical(key, value) {
@@ -513,6 +523,7 @@ mod tests {
                 "http://127.0.0.1:9",
             ),
             ("transient-retries", "0", "0"),
+            ("first-event-wait", "0", "0s"),
             (
                 "codex-upstream-url",
                 "https://chatgpt.com:443/backend-api/codex",

@@ -1,6 +1,7 @@
 //! Streaming pass-through. Once response headers have gone to the client nothing is
 //! retried; if the upstream body breaks mid-way, a `text/event-stream` response gets an
-//! SSE `error` event and ends cleanly, any other body ends with an error.
+//! SSE `error` event and ends cleanly, any other body ends with an error. What was read
+//! before the head went out (a stream's first event, [`Prefix`]) goes first.
 
 use crate::model::Provider;
 use crate::redact::StreamRedactor;
@@ -8,8 +9,29 @@ use crate::redact::StreamRedactor;
 /// A response body that arrives in chunks.
 #[allow(async_fn_in_trait)]
 pub trait BodyStream {
-    /// The next chunk; None at the end; an error when the stream broke.
+    /// The next chunk; None at the end; an error when the stream broke. Dropping the
+    /// future before it resolves loses nothing: the next call gets that chunk (the wait
+    /// for a stream's first event gives up on it when its time is up).
     async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>>;
+}
+
+/// The start of a body read before its head was relayed, and its end when that came too.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Prefix {
+    pub bytes: Vec<u8>,
+    pub end: BodyEnd,
+}
+
+/// How far a body read ahead got.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// More may follow.
+    #[default]
+    Open,
+    /// The body ended.
+    Ended,
+    /// The body broke with this error.
+    Broke(String),
 }
 
 /// A body held in memory.
@@ -70,6 +92,8 @@ pub struct Relay<B> {
     /// Takes the account's credential out of the body (an upstream error relayed as is);
     /// boxed, as most relays (served answers) go without.
     redact: Option<Box<Redacting>>,
+    /// What was read of the body before the relay began, given out first.
+    prefix: Option<Prefix>,
 }
 
 /// A relay's redaction.
@@ -90,7 +114,14 @@ impl<B: BodyStream> Relay<B> {
             at_boundary: true,
             account: None,
             redact: None,
+            prefix: None,
         }
+    }
+
+    /// Give out `prefix` (read from the body already) before reading on.
+    pub fn after(mut self, prefix: Prefix) -> Self {
+        self.prefix = (prefix != Prefix::default()).then_some(prefix);
+        self
     }
 
     /// Take the account's credential out of the body with `redact` (None: relay as is).
@@ -139,7 +170,11 @@ impl<B: BodyStream> Relay<B> {
             if self.done {
                 return None;
             }
-            match self.inner.next_chunk().await {
+            let next = match self.read_ahead() {
+                Some(next) => next,
+                None => self.inner.next_chunk().await,
+            };
+            match next {
                 Some(Ok(chunk)) => {
                     let chunk = match &mut self.redact {
                         Some(r) => r.redactor.push(&chunk),
@@ -181,6 +216,19 @@ impl<B: BodyStream> Relay<B> {
                     return Some(Ok(out));
                 }
             }
+        }
+    }
+
+    /// The next piece of the prefix, as the body gave it (None: none is left).
+    fn read_ahead(&mut self) -> Option<Option<Result<Vec<u8>, String>>> {
+        let prefix = self.prefix.as_mut()?;
+        if !prefix.bytes.is_empty() {
+            return Some(Some(Ok(std::mem::take(&mut prefix.bytes))));
+        }
+        match std::mem::take(&mut self.prefix)?.end {
+            BodyEnd::Open => None,
+            BodyEnd::Ended => Some(None),
+            BodyEnd::Broke(e) => Some(Some(Err(e))),
         }
     }
 
@@ -318,6 +366,37 @@ mod tests {
             text.starts_with("{\"message\":\"bad [redacted]\n\nevent: error\n"),
             "{text}"
         );
+    }
+
+    /// What was read before the relay began goes first, and its end (or break) with it:
+    /// the body is not read past an end already seen.
+    #[test]
+    fn a_prefix_goes_first_with_its_end() {
+        let rest = || Chunks(VecDeque::from([Ok(b"event: b\ndata: 2\n\n".to_vec())]));
+        let prefix = |end| Prefix {
+            bytes: b"event: a\ndata: 1\n\n".to_vec(),
+            end,
+        };
+        let sse = Some("text/event-stream");
+        let out = drain(Relay::new(rest(), Provider::Claude, sse).after(prefix(BodyEnd::Open)));
+        assert_eq!(
+            out,
+            vec![
+                Ok(b"event: a\ndata: 1\n\n".to_vec()),
+                Ok(b"event: b\ndata: 2\n\n".to_vec())
+            ]
+        );
+        let out = drain(Relay::new(rest(), Provider::Claude, sse).after(prefix(BodyEnd::Ended)));
+        assert_eq!(out, vec![Ok(b"event: a\ndata: 1\n\n".to_vec())]);
+        let out = drain(
+            Relay::new(rest(), Provider::Claude, sse).after(prefix(BodyEnd::Broke("eof".into()))),
+        );
+        assert_eq!(out.len(), 2);
+        let event = String::from_utf8(out[1].clone().unwrap()).unwrap();
+        assert!(event.starts_with("event: error\n") && event.contains("eof"));
+        // An empty prefix is no prefix.
+        let out = drain(Relay::new(rest(), Provider::Claude, sse).after(Prefix::default()));
+        assert_eq!(out, vec![Ok(b"event: b\ndata: 2\n\n".to_vec())]);
     }
 
     #[test]

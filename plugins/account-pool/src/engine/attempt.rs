@@ -1,23 +1,31 @@
 //! One attempt on one account: send with the account's credential, record what the
-//! answer says about the account's quota, classify it by the outcome table, and retry the
-//! same account where the table says so (transient failures, a short 429, one refresh).
+//! answer says about the account's quota, hold a served event stream's head until its
+//! first event (a stream that opens with an overload or a rate limit is judged as that
+//! status), classify the answer by the outcome table, and retry the same account where the
+//! table says so (transient failures, a short 429, one refresh).
 
 use super::{
     Cancel, Clock, Ctx, Deadlines, Engine, Level, Log, Raced, Random, Refreshed, TransportError,
     Upstream, UpstreamRequest, UpstreamResponse, unless_gone,
 };
+use crate::first_event::{FirstEvent, OpeningFailure, Verdict};
 use crate::http::{self, Headers, PoolError};
 use crate::model::{ChangeCause, Credential, HoldKind, OAuthTokens, Provider};
 use crate::policy::{self, AccountState, AttemptOutcome, Classified};
 use crate::quota;
 use crate::redact::{Redactor, StreamRedactor};
 use crate::settings::Settings;
-use crate::stream::{self, BodyStream};
+use crate::stream::{self, BodyEnd, BodyStream, Prefix};
 use pooler_plugin_kit::time::after;
 use pooler_plugin_kit::{Db, DbError};
 
 /// How much of a failed upstream body is kept as its detail.
 const DETAIL_LIMIT: usize = 1024;
+
+/// The most of a stream held while waiting for its first event (and one chunk more): a
+/// Messages API `message_start` is about 1 KiB, the Responses API's announcement echoes
+/// the request's instructions and tools. Past it the stream is relayed as it comes.
+pub(super) const FIRST_EVENT_LIMIT: usize = 256 << 10;
 
 /// What one attempt on one account came to.
 pub(super) enum Attempt<B> {
@@ -27,6 +35,8 @@ pub(super) enum Attempt<B> {
         response: UpstreamResponse<B>,
         served: bool,
         redact: Option<StreamRedactor>,
+        /// What was read of the body before its head went out (relayed first).
+        prefix: Prefix,
     },
     /// The account could not serve; the failure (if any) is what the client sees if
     /// nothing else serves.
@@ -59,6 +69,23 @@ struct Tries {
     refreshed: bool,
     /// The last answer the account gave this attempt (what a cancelled one records).
     status: Option<u16>,
+}
+
+/// What holding a served stream's head until its first event came to.
+enum Opening {
+    /// Relay the stream, what was read of it first.
+    Relay(Prefix),
+    /// The stream opened with this failure; what was read of it is dropped.
+    Failed(OpeningFailure),
+    /// The client went away meanwhile.
+    Gone,
+}
+
+/// What waiting for a body's next chunk within a time limit came to.
+enum Waited<T> {
+    Chunk(T),
+    TimedOut,
+    Gone,
 }
 
 /// What one try leaves its attempt to do.
@@ -221,24 +248,45 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             self.observe(ctx.provider, id, &obs, s.switch_threshold, now)
         });
         let failed = |outcome, failure| Ok(Next::Done(Attempt::Failed { outcome, failure }));
-        match policy::classify(response.status, &obs, ctx.family, now) {
+        let mut status = response.status;
+        let mut now = now;
+        // The failure a stream's first event told, in place of a body to read.
+        let mut told = None;
+        let mut prefix = Prefix::default();
+        if policy::classify(status, &obs, ctx.family, now) == Classified::Served {
+            match self.opening(ctx, id, &mut response).await {
+                Opening::Relay(read) => prefix = read,
+                Opening::Failed(f) => {
+                    status = f.status;
+                    now = self.env.now();
+                    told = Some(opening_failure(&f, &response.headers, &redactor, now));
+                }
+                Opening::Gone => {
+                    return Ok(Next::Done(Attempt::Cancelled {
+                        status: tries.status,
+                    }));
+                }
+            }
+        }
+        match policy::classify(status, &obs, ctx.family, now) {
             // A served answer is the model's: relayed untouched (an upstream echoes what it
             // was sent in its refusals, and rewriting model output would corrupt it).
             Classified::Served => Ok(Next::Done(Attempt::Respond {
                 response,
                 served: true,
                 redact: None,
+                prefix,
             })),
             Classified::PassThrough => Ok(Next::Done(Attempt::Respond {
                 response,
                 served: false,
                 redact: Some(StreamRedactor::new(credential)),
+                prefix,
             })),
             Classified::Quota => failed(AttemptOutcome::Quota, None),
             Classified::Family => failed(AttemptOutcome::Family, None),
             Classified::Transient => {
-                let Raced::Done(failure) =
-                    unless_gone(self.env, upstream_failure(&mut response, &redactor, now)).await
+                let Raced::Done(failure) = self.detail(&mut response, &redactor, told, now).await
                 else {
                     return Ok(Next::Done(Attempt::Cancelled {
                         status: tries.status,
@@ -247,7 +295,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 Ok(self.retry_transient(s, tries, failure).await)
             }
             Classified::RateLimited => {
-                self.rate_limited(ctx, id, &redactor, &mut response, now, waited, tries)
+                self.rate_limited(ctx, id, &redactor, &mut response, told, now, waited, tries)
                     .await
             }
             Classified::AuthRefused => {
@@ -255,6 +303,108 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     .await
             }
         }
+    }
+
+    /// A served event stream: its head is held until its first event, for at most the
+    /// `first-event-wait` setting and [`FIRST_EVENT_LIMIT`] bytes. An opening failure is
+    /// told; anything else — content, a failure left to the client, the end, a break, the
+    /// time or the bytes running out — relays the stream with what was read first.
+    async fn opening(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        response: &mut UpstreamResponse<U::Body>,
+    ) -> Opening {
+        let wait = ctx.settings.first_event_wait_ms;
+        let sse = !http::is_encoded(&response.headers)
+            && stream::is_event_stream(response.headers.get("content-type"));
+        let mut prefix = Prefix::default();
+        if wait == 0 || !sse {
+            return Opening::Relay(prefix);
+        }
+        let mut scan = FirstEvent::new(ctx.provider);
+        // One deadline for the whole wait, started only if the body keeps us waiting.
+        let timer = self.env.sleep(wait);
+        let mut timer = std::pin::pin!(timer);
+        while prefix.bytes.len() < FIRST_EVENT_LIMIT {
+            let chunk = match self
+                .within(response.body.next_chunk(), timer.as_mut())
+                .await
+            {
+                Waited::Gone => return Opening::Gone,
+                Waited::TimedOut => break,
+                Waited::Chunk(chunk) => chunk,
+            };
+            match chunk {
+                Some(Ok(chunk)) => prefix.bytes.extend_from_slice(&chunk),
+                None => {
+                    prefix.end = BodyEnd::Ended;
+                    break;
+                }
+                Some(Err(e)) => {
+                    prefix.end = BodyEnd::Broke(e);
+                    break;
+                }
+            }
+            match scan.advance(&prefix.bytes) {
+                Verdict::Undecided => {}
+                Verdict::Relay => break,
+                Verdict::Failed(failure) => {
+                    self.env.log(
+                        Level::Info,
+                        "Account Pooler upstream stream failed at its first event",
+                        &[
+                            ("provider", ctx.provider.to_string()),
+                            ("account", id.to_owned()),
+                            ("code", failure.code.clone()),
+                            ("as-status", failure.status.to_string()),
+                        ],
+                    );
+                    return Opening::Failed(failure);
+                }
+            }
+        }
+        Opening::Relay(prefix)
+    }
+
+    /// What a failed answer says for itself: what its stream's first event `told`, else
+    /// its body's detail, read unless the client goes first.
+    async fn detail(
+        &self,
+        response: &mut UpstreamResponse<U::Body>,
+        redactor: &Redactor<'_>,
+        told: Option<PoolError>,
+        now: u64,
+    ) -> Raced<PoolError> {
+        match told {
+            Some(failure) => Raced::Done(failure),
+            None => unless_gone(self.env, upstream_failure(response, redactor, now)).await,
+        }
+    }
+
+    /// `chunk` unless the client goes first or `timer` ends first. The timer is polled
+    /// only while the chunk keeps us waiting, so a body whose bytes are there never starts
+    /// it (a sleep on the host clock).
+    async fn within<T>(
+        &self,
+        chunk: impl Future<Output = T>,
+        mut timer: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Waited<T> {
+        if self.env.gone() {
+            return Waited::Gone;
+        }
+        let mut chunk = std::pin::pin!(chunk);
+        let mut gone = std::pin::pin!(self.env.gone_wait());
+        std::future::poll_fn(|cx| {
+            if gone.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(Waited::Gone);
+            }
+            if let std::task::Poll::Ready(c) = chunk.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Waited::Chunk(c));
+            }
+            timer.as_mut().poll(cx).map(|()| Waited::TimedOut)
+        })
+        .await
     }
 
     /// After a transient failure: the same account again once the backoff allows, else
@@ -280,8 +430,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         }
     }
 
-    /// A 429: hold the account for its Retry-After; wait it out here once if it is short,
-    /// else fail over.
+    /// A 429 (or a stream that opened with a rate limit, `told`): hold the account for its
+    /// Retry-After; wait it out here once if it is short, else fail over.
     #[allow(clippy::too_many_arguments)]
     async fn rate_limited(
         &self,
@@ -289,6 +439,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         id: &str,
         redactor: &Redactor<'_>,
         response: &mut UpstreamResponse<U::Body>,
+        told: Option<PoolError>,
         now: u64,
         waited: &mut Vec<String>,
         tries: &Tries,
@@ -298,9 +449,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         // doing: it stays even if the client leaves during the wait.
         self.store
             .set_hold(id, after(now, wait), HoldKind::RateLimit)?;
-        let Raced::Done(failure) =
-            unless_gone(self.env, upstream_failure(response, redactor, now)).await
-        else {
+        let Raced::Done(failure) = self.detail(response, redactor, told, now).await else {
             return Ok(Next::Done(Attempt::Cancelled {
                 status: tries.status,
             }));
@@ -528,6 +677,27 @@ async fn upstream_failure<B: BodyStream>(
         status: response.status,
         message,
         retry_after_secs: quota::retry_after_ms(response.headers.get("retry-after"), now)
+            .map(|ms| ms.div_ceil(1000).max(1)),
+        pool_origin: false,
+    }
+}
+
+/// The failure a stream that opened with `f` stands for, as the client would see it if
+/// nothing else serves: the status it stands for, its message (the account's credential
+/// taken out) and the head's Retry-After.
+fn opening_failure(
+    f: &OpeningFailure,
+    headers: &Headers,
+    redactor: &Redactor<'_>,
+    now: u64,
+) -> PoolError {
+    PoolError {
+        status: f.status,
+        message: f.message.as_deref().map_or_else(
+            || format!("upstream stream opened with {}.", f.code),
+            |m| redactor.redact(m).into_owned(),
+        ),
+        retry_after_secs: quota::retry_after_ms(headers.get("retry-after"), now)
             .map(|ms| ms.div_ceil(1000).max(1)),
         pool_origin: false,
     }

@@ -16,7 +16,7 @@
 //! | [`ports`] | the traits the engine reaches the outside through, upstream request and response |
 //! | [`admission`] | screening a request's head, and the one read a routed request starts from |
 //! | [`routing`] | the attempt loop over accounts, holds, pins and the cursor, the final failure |
-//! | [`attempt`] | one account: send, classify, same-account retries |
+//! | [`attempt`] | one account: send, hold a served stream's head for its first event, classify, same-account retries |
 //! | [`credentials`] | the credential to send, OAuth refreshes under a lease |
 //! | [`usage`] | quota observations and their signals, usage endpoint fetches |
 //! | this file | the engine, the client's request and response, cancellation |

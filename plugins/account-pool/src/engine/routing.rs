@@ -16,7 +16,7 @@ use crate::policy::{
 };
 use crate::redact::StreamRedactor;
 use crate::store::{Pin, TOUCH_GRANULARITY_MS};
-use crate::stream::Relay;
+use crate::stream::{Prefix, Relay};
 use pooler_plugin_kit::{Db, DbError};
 
 /// What the attempt loop has learned so far, carried from one pass to the next.
@@ -248,6 +248,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 response,
                 served,
                 redact,
+                prefix,
             } => {
                 let now = self.env.now();
                 let noted = self.report.borrow().attempts.len();
@@ -302,7 +303,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                         (false, _) => "passed-through",
                     });
                 }
-                Ok(Step::Answer(self.relay(ctx, id, response, redact)))
+                Ok(Step::Answer(self.relay(ctx, id, response, redact, prefix)))
             }
             Attempt::Cancelled { status } => {
                 // Recorded, and nothing else: no pin, cursor or failure of this request
@@ -507,6 +508,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         account: &str,
         response: UpstreamResponse<U::Body>,
         redact: Option<StreamRedactor>,
+        prefix: Prefix,
     ) -> Response<U::Body> {
         let mut headers = Headers::new();
         for (n, v) in response.headers.iter() {
@@ -523,7 +525,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         };
         let relay = Relay::new(response.body, ctx.provider, content_type)
             .for_account(account)
-            .redacting(redact);
+            .redacting(redact)
+            .after(prefix);
         Response {
             status: response.status,
             headers,

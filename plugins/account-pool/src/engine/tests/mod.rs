@@ -12,11 +12,13 @@
 //! | [`faults`] | absurd upstream values, a stalled or lost token refresh, storage failing after a served answer |
 //! | [`odd`] | odd upstream answers: 1xx, compressed bodies; what every upstream call asks for |
 //! | [`redaction`] | an upstream that echoes the account's credential: kept and relayed without it |
+//! | [`first_event`] | a served stream's head held for its first event: an opening failure retried or moved, the bounds |
 
 mod admin;
 mod cancel;
 mod edges;
 mod faults;
+mod first_event;
 mod observe;
 mod odd;
 mod redaction;
@@ -210,8 +212,18 @@ struct FakeBody {
     pulled: std::rc::Rc<Cell<usize>>,
 }
 
+/// A chunk of a scripted body that is no chunk: the body keeps its reader waiting there
+/// (for longer than a sleep takes), then goes on.
+const STALL: &str = "\0stall";
+
 impl BodyStream for FakeBody {
     async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>> {
+        // Taken only once waited out: a read dropped meanwhile leaves it, as a real body
+        // leaves bytes that have not come yet.
+        if matches!(self.chunks.front(), Some(Ok(c)) if c == STALL.as_bytes()) {
+            Yield(5).await;
+            self.chunks.pop_front();
+        }
         let c = self.chunks.pop_front();
         if c.is_some() {
             self.pulled.set(self.pulled.get() + 1);
