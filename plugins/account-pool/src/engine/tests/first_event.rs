@@ -294,8 +294,8 @@ fn a_codex_stream_failing_after_its_announcement_fails_over() {
             path: "/v1/responses".into(),
             query: None,
             headers: h,
-            body: bytes::Bytes::from_static(br#"{"stream":true}"#),
-            body_truncated: false,
+            body: bytes::Bytes::from_static(br#"{"stream":true}"#).into(),
+            body_refused: None,
         })
     };
     p.up.set("cx-1", Reply::Sse(vec![CREATED, DONE], false));
