@@ -265,6 +265,7 @@ async fn simulate(
                     credential,
                     label: Some(model.account_name(idx)),
                     priority: group.priority,
+                    options: None,
                 },
             )
             .await?;

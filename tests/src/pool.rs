@@ -388,6 +388,7 @@ impl Pool {
             credential,
             label: None,
             priority: None,
+            options: None,
         };
         crate::exports::add_account(&self.host.host, account).await
     }

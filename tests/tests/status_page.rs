@@ -220,6 +220,7 @@ async fn outside_text_shows_escaped_on_the_page_and_without_the_echoed_key() {
             credential: Credential::ApiKey(KEY.into()),
             label: Some("ops\u{202e}gnp.exe\u{200b}".into()),
             priority: None,
+            options: None,
         })
         .await
         .id;

@@ -70,6 +70,8 @@ pub struct Relay<B> {
     /// Takes the account's credential out of the body (an upstream error relayed as is);
     /// boxed, as most relays (served answers) go without.
     redact: Option<Box<Redacting>>,
+    /// What was read from the body before the relay began, relayed first.
+    head: std::collections::VecDeque<Result<Vec<u8>, String>>,
 }
 
 /// A relay's redaction.
@@ -90,7 +92,14 @@ impl<B: BodyStream> Relay<B> {
             at_boundary: true,
             account: None,
             redact: None,
+            head: std::collections::VecDeque::new(),
         }
+    }
+
+    /// Relay `head` (chunks already read from the body, as they came) before the rest.
+    pub fn replaying(mut self, head: Vec<Result<Vec<u8>, String>>) -> Self {
+        self.head = head.into();
+        self
     }
 
     /// Take the account's credential out of the body with `redact` (None: relay as is).
@@ -139,7 +148,11 @@ impl<B: BodyStream> Relay<B> {
             if self.done {
                 return None;
             }
-            match self.inner.next_chunk().await {
+            let next = match self.head.pop_front() {
+                Some(read) => Some(read),
+                None => self.inner.next_chunk().await,
+            };
+            match next {
                 Some(Ok(chunk)) => {
                     let chunk = match &mut self.redact {
                         Some(r) => r.redactor.push(&chunk),
@@ -211,6 +224,31 @@ pub async fn read_to_end<B: BodyStream>(body: &mut B, limit: usize) -> Result<Ve
     Ok(out)
 }
 
+/// Read a body's chunks until at least `limit` bytes came, it ended or it broke: every
+/// chunk as it came (a break as its error), to be relayed after all
+/// ([`Relay::replaying`]), and whether the body is over.
+pub async fn read_head<B: BodyStream>(
+    body: &mut B,
+    limit: usize,
+) -> (Vec<Result<Vec<u8>, String>>, bool) {
+    let mut chunks = Vec::new();
+    let mut read = 0;
+    while read < limit {
+        match body.next_chunk().await {
+            Some(Ok(chunk)) => {
+                read += chunk.len();
+                chunks.push(Ok(chunk));
+            }
+            Some(Err(e)) => {
+                chunks.push(Err(e));
+                return (chunks, true);
+            }
+            None => return (chunks, true),
+        }
+    }
+    (chunks, false)
+}
+
 /// Read at most `limit` bytes of a body and stop (a failed response's detail).
 pub async fn read_prefix<B: BodyStream>(body: &mut B, limit: usize) -> Vec<u8> {
     let mut out = Vec::new();
@@ -247,6 +285,38 @@ mod tests {
             }
             out
         })
+    }
+
+    /// A body whose start was read to judge it is relayed whole all the same: the chunks
+    /// read first, then the rest, redacted alike.
+    #[test]
+    fn a_read_head_is_relayed_before_the_rest() {
+        let chunks =
+            |parts: &[&str]| Chunks(parts.iter().map(|p| Ok(p.as_bytes().to_vec())).collect());
+        let mut body = chunks(&["{\"a\":", "\"secret-key-1\",", "\"b\":2}"]);
+        let (head, over) = futures::executor::block_on(read_head(&mut body, 8));
+        assert_eq!(head.len(), 2, "chunks until 8 bytes came");
+        assert!(!over);
+        let relay = Relay::new(body, Provider::Claude, Some("application/json"))
+            .replaying(head)
+            .redacting(Some(StreamRedactor::new(
+                &crate::model::Credential::ApiKey("secret-key-1".into()),
+            )));
+        let text: Vec<u8> = drain(relay).into_iter().flat_map(Result::unwrap).collect();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.starts_with("{\"a\":") && text.ends_with("\"b\":2}"),
+            "{text}"
+        );
+        assert!(!text.contains("secret-key-1"), "{text}");
+        let mut short = chunks(&["{}"]);
+        let (head, over) = futures::executor::block_on(read_head(&mut short, 1024));
+        assert!(over);
+        let text: Vec<u8> = drain(Relay::new(short, Provider::Claude, None).replaying(head))
+            .into_iter()
+            .flat_map(Result::unwrap)
+            .collect();
+        assert_eq!(text, b"{}");
     }
 
     #[test]
