@@ -204,6 +204,13 @@ impl Agents {
         let model = plan.model.clone();
         self.ledger
             .turn_started(thread as usize, self.clock.now_ms());
+        // The turn ends in the ledger however it ends: the core drops a turn that runs past
+        // its time limit (or is cancelled) without waiting for it to return.
+        let running = Running {
+            ledger: &self.ledger,
+            clock: &self.clock,
+            thread: thread as usize,
+        };
         let result = self
             .work(
                 cli,
@@ -222,7 +229,7 @@ impl Agents {
         if result.is_ok() {
             self.ledger.task_done(thread as usize, now);
         }
-        self.ledger.turn_ended(thread as usize, now);
+        drop(running);
         if result.is_ok() {
             (self.done)(thread, task);
         }
@@ -401,6 +408,19 @@ impl Agents {
             }
             StreamEnd::Open => Sent::Failed(None, "the stream ended before its final event".into()),
         }
+    }
+}
+
+/// A turn running, as the ledger sees it: ended when dropped.
+struct Running<'a> {
+    ledger: &'a Ledger,
+    clock: &'a SharedClock,
+    thread: usize,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.ledger.turn_ended(self.thread, self.clock.now_ms());
     }
 }
 

@@ -111,6 +111,8 @@ pub struct Attempt {
     pub tokens: u64,
     pub cache_read: u64,
     pub cache_write: u64,
+    /// What it cost, in the plan's units (0 unless served).
+    pub units: f64,
 }
 
 /// A weekly window that ended with quota left.
@@ -585,7 +587,7 @@ impl Model {
             *n
         };
         let occasion = [u64::from(tag.thread), tag.request, try_n];
-        let record = |state: &mut State, end: AttemptEnd, served: (u64, u64, u64)| {
+        let record = |state: &mut State, end: AttemptEnd, served: (u64, u64, u64), units: f64| {
             if end == AttemptEnd::Served {
                 state.served_by.insert((tag.thread, tag.request), idx);
             }
@@ -599,6 +601,7 @@ impl Model {
                 tokens: served.0,
                 cache_read: served.1,
                 cache_write: served.2,
+                units,
             });
         };
         // A provider-wide incident fails an attempt before any account state is touched.
@@ -611,17 +614,17 @@ impl Model {
                     IncidentKind::Overloaded => (AttemptEnd::Overloaded, overloaded(provider)),
                     IncidentKind::Errors => (AttemptEnd::Error, server_error(provider)),
                 };
-                record(&mut state, end, (0, 0, 0));
+                record(&mut state, end, (0, 0, 0), 0.0);
                 return reply;
             }
         }
         if draw(self.seed, &[0xe5, occasion[0], occasion[1], occasion[2]]) < self.params.error_rate
         {
-            record(&mut state, AttemptEnd::Error, (0, 0, 0));
+            record(&mut state, AttemptEnd::Error, (0, 0, 0), 0.0);
             return server_error(provider);
         }
         if draw(self.seed, &[0xd5, occasion[0], occasion[1], occasion[2]]) < self.params.drop_rate {
-            record(&mut state, AttemptEnd::Dropped, (0, 0, 0));
+            record(&mut state, AttemptEnd::Dropped, (0, 0, 0), 0.0);
             return Reply::drop_connection();
         }
         let State {
@@ -632,7 +635,7 @@ impl Model {
         if let Some(refusal) = account.refusal(&family, tag.context, now) {
             let reply = account.refused(&refusal, now);
             account.sample(now);
-            record(&mut state, AttemptEnd::RateLimited, (0, 0, 0));
+            record(&mut state, AttemptEnd::RateLimited, (0, 0, 0), 0.0);
             drop(state);
             (self.on_change)(now);
             return reply;
@@ -675,6 +678,7 @@ impl Model {
             &mut state,
             AttemptEnd::Served,
             (tokens, cache_read, cache_write),
+            units,
         );
         drop(state);
         (self.on_change)(now);
@@ -763,8 +767,9 @@ impl Account {
     /// Close the windows that ended by `now`; a weekly window that ends records what it
     /// left unused.
     fn roll(&mut self, idx: usize, now: u64, expiries: &mut Vec<Expiry>) {
-        if self.five.is_some_and(|(end, _)| end <= now) {
+        if let Some((end, _)) = self.five.filter(|(end, _)| *end <= now) {
             self.five = None;
+            self.sample(end);
         }
         while self.week_end <= now {
             if let Some(cap) = self.plan.weekly.filter(|c| *c > 0.0) {

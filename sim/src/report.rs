@@ -62,6 +62,8 @@ pub struct Figures {
     pub turns_completed: u32,
     pub requests_served: u64,
     pub tokens_served: u64,
+    /// What the served requests cost, in the plans' units (what the windows count).
+    pub units_served: f64,
     /// Share of input tokens read from a prompt cache.
     pub cache_read_share: f64,
     pub working_thread_hours: f64,
@@ -187,6 +189,7 @@ pub fn figures(r: &Recorded) -> Figures {
         turns_completed: completed,
         requests_served: served.len() as u64,
         tokens_served: served.iter().map(|a| a.tokens).sum(),
+        units_served: round(served.iter().fold(0.0, |sum, a| sum + a.units), 1),
         cache_read_share: round(
             if input == 0 {
                 0.0
@@ -539,26 +542,35 @@ fn timeline(r: &Recorded) -> String {
                 LANE - 6.0
             );
         }
-        // Utilization lines, at most one point per pixel.
+        // Utilization as steps (a value holds until the next sample), at most one point per
+        // pixel.
         for (pick, color) in [(0, "#e8710a"), (1, "#1a73e8")] {
             let mut points = String::new();
-            let mut last_px = -1.0;
+            let mut last: Option<(f64, f64)> = None;
             for sample in &r.samples[i] {
                 let px = x(sample.at);
-                if px - last_px < 1.0 {
-                    continue;
-                }
-                last_px = px;
                 let u = if pick == 0 {
                     sample.five_hour
                 } else {
                     sample.weekly
                 } as f64;
-                let _ = write!(
-                    points,
-                    "{px:.1},{:.1} ",
-                    top + (LANE - 6.0) * (1.0 - u.clamp(0.0, 1.0))
-                );
+                let py = top + (LANE - 6.0) * (1.0 - u.clamp(0.0, 1.0));
+                match last {
+                    Some((lx, ly)) if px - lx < 1.0 => {
+                        // Same pixel column: keep the latest value.
+                        if (py - ly).abs() > f64::EPSILON {
+                            let _ = write!(points, "{px:.1},{py:.1} ");
+                            last = Some((lx, py));
+                        }
+                        continue;
+                    }
+                    Some((_, ly)) => {
+                        let _ = write!(points, "{px:.1},{ly:.1} ");
+                    }
+                    None => {}
+                }
+                let _ = write!(points, "{px:.1},{py:.1} ");
+                last = Some((px, py));
             }
             let _ = write!(
                 s,

@@ -20,7 +20,8 @@ use pooler_core::{AgentSpec, Provider};
 use pooler_fake_provider::contract::Contract;
 use pooler_fake_provider::server::FakeUpstream;
 use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountStatus, Credential, ExtraUsage, NewAccount, OauthCredential, OptionsChange,
+    AccountInfo, AccountStatus, Credential, ExtraUsage, NewAccount, OauthCredential,
+    OptionsChange,
 };
 use pooler_host::bindings::types::Provider as WitProvider;
 use pooler_host::config::Config;
@@ -602,22 +603,28 @@ async fn look_in(
         let Ok(accounts) = calls::list_accounts(&host).await else {
             continue;
         };
-        let serving =
-            |s: AccountStatus| matches!(s, AccountStatus::Ready | AccountStatus::NearLimit);
-        let others_spent = accounts
-            .iter()
-            .enumerate()
-            .filter(|(i, a)| a.enabled && !reserve.contains(i))
-            .all(|(_, a)| !serving(a.status));
-        let others_ready = accounts
-            .iter()
-            .enumerate()
-            .any(|(i, a)| a.enabled && !reserve.contains(&i) && serving(a.status));
+        // What `pooler account list` tells the person: which accounts could serve a thread
+        // of `family` (serving, and that family's own window not spent).
+        let serves = |a: &AccountInfo, family: &str| {
+            a.enabled
+                && matches!(a.status, AccountStatus::Ready | AccountStatus::NearLimit)
+                && !a
+                    .windows
+                    .iter()
+                    .any(|w| w.blocking && w.family.as_deref() == Some(family))
+        };
+        let others_serve = |family: &str| {
+            accounts
+                .iter()
+                .enumerate()
+                .any(|(i, a)| !reserve.contains(&i) && serves(a, family))
+        };
+        let waiting: Vec<usize> = (0..threads.len()).filter(|i| ledger.waiting(*i)).collect();
         if !reserve.is_empty() {
             // A reserve already enabled (a last-resort account the pool uses by itself)
             // needs nothing of the person.
             let disabled = |r: usize| accounts.iter().any(|a| a.id == ids[r] && !a.enabled);
-            if !enabled_by_person && others_spent && ledger.anyone_waiting() {
+            if !enabled_by_person && waiting.iter().any(|i| !others_serve(&plans[*i].family)) {
                 for &r in &reserve {
                     if disabled(r) && calls::set_enabled(&host, &ids[r], true).await.is_ok() {
                         ledger.set_enabled(r, true, now);
@@ -625,7 +632,7 @@ async fn look_in(
                         enabled_by_person = true;
                     }
                 }
-            } else if enabled_by_person && others_ready {
+            } else if enabled_by_person && plans.iter().all(|p| others_serve(&p.family)) {
                 for &r in &reserve {
                     if calls::set_enabled(&host, &ids[r], false).await.is_ok() {
                         ledger.set_enabled(r, false, now);
@@ -635,8 +642,10 @@ async fn look_in(
                 enabled_by_person = false;
             }
         }
-        if person.resend_when_stuck && accounts.iter().any(|a| a.enabled && serving(a.status)) {
-            for (i, thread) in threads.iter().enumerate() {
+        if person.resend_when_stuck {
+            for &i in &waiting {
+                let thread = &threads[i];
+                let family = &plans[i].family;
                 let idle = link
                     .core()
                     .list_rows(Some(thread))
@@ -645,8 +654,8 @@ async fn look_in(
                         .core()
                         .show(thread)
                         .is_ok_and(|s| s.turns.iter().all(|t| t.finished_at.is_some()));
-                if ledger.waiting(i) && idle {
-                    let task = plans[i].tasks.len().min(ledger_task(&ledger, i));
+                if idle && accounts.iter().any(|a| serves(a, family)) {
+                    let task = ledger_task(&ledger, i);
                     if link
                         .send(thread, &task_message(plans[i].index, task))
                         .is_ok()

@@ -131,7 +131,7 @@ impl PoolSetup {
         self
     }
 
-    /// More of the host's configuration (other tables: `[server]`, say).
+    /// More of the host's configuration (other tables: `[server]\nmax-body-bytes = …`, say).
     pub fn config(mut self, toml: &str) -> Self {
         self.setup = self.setup.config(toml);
         self

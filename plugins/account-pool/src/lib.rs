@@ -10,8 +10,9 @@
 //! |---|---|
 //! | [`model`] | providers, families, credentials, statuses, availability vocabulary |
 //! | [`http`] | headers, served routes, upstream URLs, header allow-lists, error shapes |
+//! | [`body`] | a request body held whole in chunks, within the instance's memory |
 //! | [`session`] | session keys (Claude, Codex) and model family of a request |
-//! | [`skim`] | a JSON body's few top-level members, the rest checked and skipped fast |
+//! | [`skim`] | a JSON scanner over a body's chunks that keeps only what it is asked for |
 //! | [`quota`] | rate-limit header and usage parsing, windows, blocking resets |
 //! | [`redact`] | an account's credential taken out of upstream text before it is kept or relayed |
 //! | [`policy`] | eligibility tiers, status, choice, outcome table, commit rule, verdict |
@@ -24,6 +25,7 @@
 //! | [`admin`] | accounts, routes, settings, availability and maintenance operations |
 
 pub mod admin;
+pub mod body;
 pub mod engine;
 pub mod http;
 pub mod model;

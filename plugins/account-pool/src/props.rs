@@ -163,3 +163,80 @@ pub fn header_value() -> impl Strategy<Value = String> {
         "[ -~]{0,24}",
     ]
 }
+
+/// What the current thread allocates, for tests that bound it: the test binary's global
+/// allocator counts every allocation against the thread that made it.
+pub mod alloc {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    struct Counting;
+
+    thread_local! {
+        static LIVE: Cell<usize> = const { Cell::new(0) };
+        static PEAK: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn add(n: usize) {
+        let _ = LIVE.try_with(|live| {
+            let now = live.get() + n;
+            live.set(now);
+            let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+        });
+    }
+
+    fn sub(n: usize) {
+        let _ = LIVE.try_with(|live| live.set(live.get().saturating_sub(n)));
+    }
+
+    // SAFETY: every call is passed to the system allocator as it came; the counting
+    // around it touches only thread-local cells (no allocation).
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's contract, passed on unchanged.
+            let p = unsafe { System.alloc(layout) };
+            if !p.is_null() {
+                add(layout.size());
+            }
+            p
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's contract, passed on unchanged.
+            let p = unsafe { System.alloc_zeroed(layout) };
+            if !p.is_null() {
+                add(layout.size());
+            }
+            p
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract, passed on unchanged.
+            unsafe { System.dealloc(ptr, layout) };
+            sub(layout.size());
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: the caller's contract, passed on unchanged.
+            let p = unsafe { System.realloc(ptr, layout, new_size) };
+            if !p.is_null() {
+                // Counted as both while it moves, as the heap may hold both.
+                add(new_size);
+                sub(layout.size());
+            }
+            p
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+
+    /// Run `f`; with its result, the most bytes it held allocated at once (beyond what
+    /// was allocated before it ran).
+    pub fn peak<T>(f: impl FnOnce() -> T) -> (T, usize) {
+        let base = LIVE.with(Cell::get);
+        PEAK.with(|p| p.set(base));
+        let out = f();
+        (out, PEAK.with(Cell::get) - base)
+    }
+}

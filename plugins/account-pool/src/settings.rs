@@ -96,7 +96,7 @@ pub const SPECS: [Spec; 17] = [
         key: "max-request-body",
         default: "33554432",
         kind: Kind::Count(1024, 1 << 30),
-        description: "The largest request body accepted, in bytes (1024 to 1073741824); larger requests get 413.",
+        description: "The largest request body accepted, in bytes (1024 to 1073741824, and no more than the pool's memory holds: a body is held whole, and the host caps the pool's memory, `memory-mib` in the reference host); larger requests get 413.",
     },
     Spec {
         key: "pin-cap",
@@ -225,6 +225,35 @@ fn valid_url(s: &str) -> bool {
             && p.parse::<u32>().is_ok_and(|n| (1..=65_535).contains(&n))
     });
     host_ok && port_ok
+}
+
+/// Refuse a `max-request-body` (`canonical`, already in range) that the pool's memory could
+/// never hold: `holds` says whether a body of so many bytes fits beside what a request
+/// needs, `largest` finds the largest that does ([`crate::body`]). Other keys pass.
+pub fn check_memory(
+    key: &str,
+    value: &str,
+    canonical: &str,
+    holds: impl Fn(u64) -> bool,
+    largest: impl Fn(u64) -> u64,
+) -> Result<(), SettingError> {
+    if key != "max-request-body" {
+        return Ok(());
+    }
+    let (Some(Kind::Count(lo, hi)), Ok(n)) = (spec(key).map(|s| s.kind), canonical.parse()) else {
+        return Ok(());
+    };
+    if holds(n) {
+        return Ok(());
+    }
+    Err(SettingError::Invalid {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        accepted: format!(
+            "a whole number from {lo} to {hi}, and at most {} with the memory this pool is given (a request's body is held whole, to be sent again on a retry); for more, raise the pool's memory limit in its host (`memory-mib` in the reference host)",
+            largest(n)
+        ),
+    })
 }
 
 /// Validate `value` for `key`; the canonical text on success.
@@ -479,6 +508,36 @@ mod tests {
             canonical("nope", "1"),
             Err(SettingError::UnknownKey("nope".into()))
         );
+    }
+
+    /// A `max-request-body` the memory cannot hold is refused, naming the memory and the
+    /// most it holds; one it holds, and every other key, pass.
+    #[test]
+    fn a_body_limit_the_memory_cannot_hold_is_refused() {
+        let holds = |n: u64| n <= 40 << 20;
+        let largest = |_| 40 << 20;
+        let check = |key: &str, v: &str| check_memory(key, v, v, holds, largest);
+        assert_eq!(check("max-request-body", "41943040"), Ok(()));
+        let Err(SettingError::Invalid {
+            key,
+            value,
+            accepted,
+        }) = check("max-request-body", "67108864")
+        else {
+            panic!("accepted");
+        };
+        assert_eq!(
+            (key.as_str(), value.as_str()),
+            ("max-request-body", "67108864")
+        );
+        assert!(accepted.contains("1024 to 1073741824"), "{accepted}");
+        assert!(
+            accepted.contains("at most 41943040 with the memory"),
+            "{accepted}"
+        );
+        assert!(accepted.contains("memory-mib"), "{accepted}");
+        assert_eq!(check("pin-cap", "1000000"), Ok(()));
+        assert_eq!(check("inline-wait", "5m"), Ok(()));
     }
 
     #[test]

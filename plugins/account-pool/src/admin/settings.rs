@@ -59,6 +59,14 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     /// `config-changed` (or `routing-changed`) for the providers it affects.
     pub fn set_setting(&self, key: &str, value: &str) -> Result<SettingInfo, SettingsError> {
         let canonical = settings::canonical(key, value).map_err(SettingsError::Refused)?;
+        settings::check_memory(
+            key,
+            value,
+            &canonical,
+            crate::body::can_hold,
+            crate::body::largest_held,
+        )
+        .map_err(SettingsError::Refused)?;
         let before = self.get_setting(key)?.value;
         self.store.put_setting(key, &canonical)?;
         if before != canonical {

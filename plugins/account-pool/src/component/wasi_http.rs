@@ -3,6 +3,7 @@
 //! the outgoing handler (the host applies its allow-list).
 
 use super::{DATABASE, WasiEnv};
+use crate::body::{Collector, Refused, RequestBody};
 use crate::engine::{
     self, Engine, IncomingRequest, TransportError, Upstream, UpstreamRequest, UpstreamResponse,
 };
@@ -13,10 +14,12 @@ use pooler_plugin_kit::component::WitDb;
 use wstd::http::body::util::BodyExt as _;
 use wstd::http::{Body, Client, Request, Response};
 
+/// A body as wasi:http hands it over, frame by frame.
+type IncomingBody =
+    wstd::http::body::util::combinators::UnsyncBoxBody<wstd::http::body::Bytes, wstd::http::Error>;
+
 /// A response body read frame by frame from wasi:http.
-pub(super) struct WasiBody(
-    wstd::http::body::util::combinators::UnsyncBoxBody<wstd::http::body::Bytes, wstd::http::Error>,
-);
+pub(super) struct WasiBody(IncomingBody);
 
 impl BodyStream for WasiBody {
     async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>> {
@@ -50,12 +53,17 @@ impl Upstream for WasiUpstream {
         }
         // The body is whole in hand: sent with its length, not chunked (no chunk framing,
         // and servers that refuse chunked requests take it; the host checks the bytes
-        // written match the length).
+        // written match the length), chunk by chunk as it is held, never copied whole.
         if !request.body.is_empty() || !matches!(request.method.as_str(), "GET" | "HEAD") {
             builder = builder.header("content-length", request.body.len());
         }
+        let body = match request.body.chunks() {
+            [] => Body::empty(),
+            [one] => Body::from(one.clone()),
+            many => Body::from_stream(futures_lite::stream::iter(many.to_vec())),
+        };
         let req = builder
-            .body(Body::from(request.body))
+            .body(body)
             .map_err(|e| TransportError(format!("invalid request: {e}")))?;
         let mut client = Client::new();
         client.set_connect_timeout(std::time::Duration::from_secs(15));
@@ -213,17 +221,7 @@ async fn serve(request: Request<Body>) -> Result<Response<Body>, wstd::http::Err
     // read and dropped, never kept, so it cannot make the pool hold `max-request-body`.
     let limit = match engine.screen(parts.method.as_str(), parts.uri.path(), &headers) {
         engine::Screen::Refused(response) => {
-            // Read to its end (within the limit) all the same: a server that answers and
-            // closes with a body still arriving makes the client's kernel see a reset, and
-            // the client may lose the answer.
-            let mut left = DEFAULT_BODY_LIMIT;
-            while let Some(Ok(frame)) = body.frame().await {
-                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                let Some(rest) = left.checked_sub(n) else {
-                    break;
-                };
-                left = rest;
-            }
+            drain(&mut body, DEFAULT_BODY_LIMIT).await;
             engine.refused(parts.method.as_str(), parts.uri.path(), &response);
             return Ok(to_wstd(response));
         }
@@ -234,29 +232,22 @@ async fn serve(request: Request<Body>) -> Result<Response<Body>, wstd::http::Err
         }
         engine::Screen::Unknown => DEFAULT_BODY_LIMIT,
     };
-    // Sized by the declared length up front (up to 8 MiB, so a false length cannot make
-    // every request reserve the whole limit), and filled straight from each frame: growing
-    // a Vec by doubling, and copying each frame first, tripled the bytes a large agent
-    // request cost the guest and grew its memory several times.
+    // Held in chunks as it arrives, each frame copied once, within the instance's memory
+    // ([`crate::body`]): a body the memory cannot hold is refused, not trapped on.
     let declared = parts
         .headers
         .get("content-length")
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .unwrap_or(0)
-        .min(limit)
-        .min(8 << 20);
-    let mut bytes = Vec::with_capacity(usize::try_from(declared).unwrap_or(0));
-    let mut truncated = false;
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let mut collector = Collector::new(limit, declared);
+    let mut refused = None;
     while let Some(frame) = body.frame().await {
         match frame {
             Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    // Checked before the copy: a body past the limit is never held.
-                    if (bytes.len() + data.len()) as u64 > limit {
-                        truncated = true;
-                        break;
-                    }
-                    bytes.extend_from_slice(data);
+                if let Some(data) = frame.data_ref()
+                    && let Err(r) = collector.push(data)
+                {
+                    refused = Some(r);
+                    break;
                 }
             }
             Err(_) => {
@@ -267,15 +258,40 @@ async fn serve(request: Request<Body>) -> Result<Response<Body>, wstd::http::Err
             }
         }
     }
+    let held = match refused {
+        None => collector.finish(),
+        Some(r) => {
+            // What was held is freed before the request goes on to its answer.
+            drop(collector);
+            if let Refused::OutOfMemory { held } = r {
+                drain(&mut body, limit.saturating_sub(held)).await;
+            }
+            RequestBody::new()
+        }
+    };
     let incoming = IncomingRequest {
         method: parts.method.as_str().to_owned(),
         path: parts.uri.path().to_owned(),
         query: parts.uri.query().map(str::to_owned),
         headers,
-        body: bytes.into(),
-        body_truncated: truncated,
+        body: held,
+        body_refused: refused,
     };
     Ok(to_wstd(engine.handle(incoming).await))
+}
+
+/// Read the rest of a body the pool will not keep, dropping each frame, up to `limit`
+/// bytes: a server that answers and closes with a body still arriving makes the client's
+/// kernel see a reset, and the client may lose the answer.
+async fn drain(body: &mut IncomingBody, limit: u64) {
+    let mut left = limit;
+    while let Some(Ok(frame)) = body.frame().await {
+        let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+        let Some(rest) = left.checked_sub(n) else {
+            break;
+        };
+        left = rest;
+    }
 }
 
 /// An in-flight lease held while an answer is relayed: ended when the relay ends or is

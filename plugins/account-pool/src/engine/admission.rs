@@ -3,6 +3,7 @@
 //! the route, the settings, the session and the state the first choice is made from.
 
 use super::{Cancel, Clock, Ctx, Engine, IncomingRequest, Log, Random, Response, Upstream};
+use crate::body::Refused;
 use crate::http::{self, Endpoint, Headers, PoolError, RouteMatch};
 use crate::model::Provider;
 use crate::policy::AccountState;
@@ -55,6 +56,10 @@ struct Routed {
     snapshot: Snapshot,
 }
 
+/// The 413 message of a body within `max-request-body` that the instance's memory could
+/// not hold.
+pub const BODY_OUT_OF_MEMORY: &str = "The request body does not fit in the memory Account Pooler is given (it holds a body whole, to send it again on a retry). Send a smaller one, or raise the pool's memory limit in its host (`memory-mib` in the reference host) and keep `max-request-body` within it.";
+
 /// Whether the pool serves this request, checked in the order the client should hear
 /// about it: the endpoint and thread it is routed for, or the pool's own answer.
 fn refusal<B>(
@@ -63,16 +68,19 @@ fn refusal<B>(
     settings: &Settings,
 ) -> Result<(Endpoint, String), Response<B>> {
     let (endpoint, thread) = head_refusal(&req.method, &req.path, route, settings)?;
-    if req.body_truncated || req.body.len() as u64 > settings.max_request_body {
+    let over = format!(
+        "The request body exceeds {} bytes.",
+        settings.max_request_body
+    );
+    let too_large = match req.body_refused {
+        Some(Refused::OutOfMemory { .. }) => Some(BODY_OUT_OF_MEMORY.to_owned()),
+        Some(Refused::OverLimit) => Some(over),
+        None => (req.body.len() as u64 > settings.max_request_body).then_some(over),
+    };
+    if let Some(message) = too_large {
         return Err(Response::pool(
             endpoint.provider(),
-            &PoolError::pool(
-                413,
-                format!(
-                    "The request body exceeds {} bytes.",
-                    settings.max_request_body
-                ),
-            ),
+            &PoolError::pool(413, message),
         ));
     }
     Ok((endpoint, thread))

@@ -29,7 +29,7 @@ mod report;
 mod routing;
 mod usage;
 
-pub use admission::{Admitted, Screen, not_allowed};
+pub use admission::{Admitted, BODY_OUT_OF_MEMORY, Screen, not_allowed};
 pub use credentials::Refreshed;
 pub use ports::{
     Cancel, Clock, Deadlines, Level, Log, Random, TransportError, Upstream, UpstreamRequest,
@@ -38,6 +38,7 @@ pub use ports::{
 pub use report::{REQUEST_MESSAGE, session_hash};
 pub use usage::{EXHAUSTED_RECHECK_MS, UsageFailure, codex_usage_url};
 
+use crate::body::{Refused, RequestBody};
 use crate::http::{self, Headers, PoolError, RouteMatch};
 use crate::model::{Family, Provider};
 use crate::settings::Settings;
@@ -113,9 +114,10 @@ pub struct IncomingRequest {
     pub path: String,
     pub query: Option<String>,
     pub headers: Headers,
-    pub body: bytes::Bytes,
-    /// The body was longer than the glue was willing to read.
-    pub body_truncated: bool,
+    pub body: RequestBody,
+    /// Why the glue did not take the body whole, when it did not (the request gets 413;
+    /// `body` is then empty).
+    pub body_refused: Option<Refused>,
 }
 
 /// A response body: made by the pool, or relayed from upstream.

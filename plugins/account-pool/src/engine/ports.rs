@@ -3,6 +3,7 @@
 //! speaks, and [`new_id`] over [`Random`]. The component implements them over WIT imports
 //! and wasi:http; the tests implement them with fakes.
 
+use crate::body::RequestBody;
 use crate::http::Headers;
 use crate::stream::BodyStream;
 
@@ -12,8 +13,8 @@ pub struct UpstreamRequest {
     pub method: String,
     pub url: String,
     pub headers: Headers,
-    /// Shared with the incoming request: every attempt sends the same bytes, uncopied.
-    pub body: bytes::Bytes,
+    /// Shared with the incoming request: every attempt sends the same chunks, uncopied.
+    pub body: RequestBody,
     pub deadlines: Deadlines,
 }
 

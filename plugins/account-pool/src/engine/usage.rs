@@ -194,7 +194,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             method: "GET".into(),
             url,
             headers,
-            body: bytes::Bytes::new(),
+            body: crate::body::RequestBody::new(),
             deadlines: Deadlines::SERVICE,
         };
         let mut response = match self.upstream.send(request).await {

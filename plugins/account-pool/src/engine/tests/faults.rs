@@ -146,7 +146,7 @@ fn a_refresh_slower_than_fifteen_seconds_keeps_its_lease() {
     let bodies: Vec<String> =
         p.up.calls_to("token-endpoint")
             .iter()
-            .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+            .map(|c| String::from_utf8_lossy(&c.body.to_vec()).into_owned())
             .collect();
     assert_eq!(bodies.len(), 1, "one refresh, not two: {bodies:?}");
     assert_eq!(

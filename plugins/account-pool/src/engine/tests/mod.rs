@@ -589,7 +589,7 @@ impl Pool {
                 ("anthropic-version", "2023-06-01"),
             ]),
             body: body.to_string().into_bytes().into(),
-            body_truncated: false,
+            body_refused: None,
         }
     }
 

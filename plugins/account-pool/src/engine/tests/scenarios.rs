@@ -530,7 +530,7 @@ fn ap16_child_inherits_parent_account() {
         .last_used_at;
     let child = |p: &Pool| {
         let mut req = p.claude_req(None, "claude-sonnet");
-        let mut body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
+        let mut body: serde_json::Value = serde_json::from_slice(&req.body.to_vec()).unwrap();
         body["metadata"] =
             json!({"user_id": json!({"session_id": "C", "parent_session_id": "P"}).to_string()});
         req.body = body.to_string().into_bytes().into();
@@ -580,7 +580,7 @@ fn ap17_codex_session_keys_and_forwarding() {
             query: None,
             headers: h,
             body: body.to_string().into_bytes().into(),
-            body_truncated: false,
+            body_refused: None,
         })
     };
     assert_eq!(
@@ -618,8 +618,8 @@ fn ap17_codex_session_keys_and_forwarding() {
             "authorization",
             format!("Bearer {}", p.codex_token).as_str(),
         )]),
-        body: bytes::Bytes::new(),
-        body_truncated: false,
+        body: crate::body::RequestBody::new(),
+        body_refused: None,
     });
     assert_eq!(models.status, 200);
     assert_eq!(
@@ -831,8 +831,8 @@ fn ap21_availability_answers() {
         path: "/v1/responses".into(),
         query: None,
         headers: h,
-        body: bytes::Bytes::from_static(b"{}"),
-        body_truncated: false,
+        body: b"{}"[..].into(),
+        body_refused: None,
     });
     assert_eq!((r.status, r.headers.get("retry-after")), (429, Some("60")));
     assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
@@ -993,7 +993,7 @@ fn ap23_admin_refusals_and_secrets() {
 fn ap24_bad_input_is_answered_clearly() {
     let p = Pool::abc();
     let mut not_json = p.claude_req(None, "m");
-    not_json.body = bytes::Bytes::from_static(b"{not json");
+    not_json.body = b"{not json"[..].into();
     assert_eq!(p.send(not_json).status, 200, "forwarded session-less");
     assert_eq!(p.up.last().body, &b"{not json"[..]);
 
@@ -1006,8 +1006,23 @@ fn ap24_bad_input_is_answered_clearly() {
         (413, Some("pool"))
     );
     let mut truncated = p.claude_req(None, "m");
-    truncated.body_truncated = true;
+    truncated.body_refused = Some(crate::body::Refused::OverLimit);
     assert_eq!(p.send(truncated).status, 413);
+    // A body within the limit that the glue's memory could not hold: the pool's 413,
+    // saying so, in the provider's shape.
+    let mut unheld = p.claude_req(None, "m");
+    unheld.body = crate::body::RequestBody::new();
+    unheld.body_refused = Some(crate::body::Refused::OutOfMemory { held: 900 });
+    let r = p.send(unheld);
+    assert_eq!(
+        (r.status, r.headers.get("x-pooler-origin")),
+        (413, Some("pool"))
+    );
+    assert_eq!(r.json()["error"]["type"], "request_too_large");
+    assert_eq!(
+        r.json()["error"]["message"],
+        crate::engine::BODY_OUT_OF_MEMORY
+    );
 
     let bad_session = "x\u{1}y";
     assert_eq!(p.claude(Some(bad_session)).status, 200);
