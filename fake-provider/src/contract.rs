@@ -33,7 +33,7 @@
 //! | Claude subscription | a client the plan does not cover draws on extra usage: 400 `invalid_request_error` "Third-party apps now draw from your extra usage, not your plan limits. …" | observed (quoted in public issue reports) |
 //! | Claude subscription | served within the plan, overage closed: `anthropic-ratelimit-unified-overage-status: rejected` with `…-overage-disabled-reason: out_of_credits` on a 200 | observed (quoted in public issue reports) |
 //! | Claude API key | the organisation's prepaid credits spent: 400 `invalid_request_error` "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits." ([`claude::credit_balance_too_low`]) | observed (quoted in many public issue reports) |
-//! | Claude | HTTP 402 or an error of type `billing_error` | assumed (the type is in Anthropic's documented error list; never seen quoted) |
+//! | Claude | an error of type `billing_error`, as HTTP 402 | documented (the type: the API reference and the SDKs); the status assumed |
 //! | Codex | plan window and credits spent: 429 `usage_limit_reached` with the window at 100 % and `x-codex-credits-has-credits: False`, `x-codex-credits-balance: 0` ([`codex::credits_spent`]) | observed (quoted in public issue reports) |
 //!
 //! The replies below follow the real answers: Claude's error envelope

@@ -520,8 +520,8 @@ pub fn classify(status: u16, obs: &Observation, family: Option<Family>, now: u64
 /// required and not on ("You're out of extra usage…", "Third-party apps now draw from
 /// your extra usage…"), an API organisation's prepaid credits spent ("Your credit balance
 /// is too low…"), a `billing_error`, or 402. Such an answer is never passed through: the
-/// account is refused for the request's family (`docs/09-extra-usage.md` says which of
-/// these shapes are observed and which assumed).
+/// account is refused for the request's family (`docs/extra-usage.md` says which of these
+/// shapes are observed and which assumed).
 pub fn billing_refusal(status: u16, body: &[u8]) -> bool {
     const MESSAGES: [&str; 4] = [
         "out of extra usage",
