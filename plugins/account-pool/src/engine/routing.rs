@@ -121,14 +121,18 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     .filter(|a| snapshot.contains(&a.id))
                     .collect(),
             };
-            let choice = self.choose(
+            let (choice, followed) = self.choose(
                 ctx,
+                thread,
                 &states,
-                &p,
+                &mut p,
                 inherited.as_deref(),
                 cursor.as_deref(),
                 now,
             )?;
+            if followed {
+                continue;
+            }
             let Some((id, role)) = choice else {
                 match self.wait_for_flight(ctx, &mut p).await? {
                     Step::Again => continue,
@@ -184,31 +188,36 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     }
 
     /// The next account to try and why. A conversation placed by a ranking strategy is
-    /// placed in one write transaction that reads every account's load and records the
-    /// placement, so concurrent requests (each in its own instance) see each other's.
+    /// placed in one write transaction that reads every account's load, records the
+    /// placement and claims a new session's pin, so concurrent requests (each in its own
+    /// instance) see each other's. The flag says another request had claimed the session
+    /// first: the loop follows that pin.
+    #[allow(clippy::too_many_arguments)]
     fn choose(
         &self,
         ctx: &Ctx<'_>,
+        thread: &str,
         states: &[AccountState],
-        p: &Progress,
+        p: &mut Progress,
         inherited: Option<&str>,
         cursor: Option<&str>,
         now: u64,
-    ) -> Result<Option<(String, Role)>, DbError> {
+    ) -> Result<(Option<(String, Role)>, bool), DbError> {
         let placing = placing(ctx, states, p, now);
         let strategy = ctx.settings.strategy(ctx.provider);
         if !(placing && strategy.ranks() && ctx.key.is_some()) {
-            return Ok(next_choice(
-                ctx, states, p, inherited, cursor, now, placing, None,
-            ));
+            let choice = next_choice(ctx, states, p, inherited, cursor, now, placing, None);
+            return Ok((choice, false));
         }
         self.store.tx(|store| {
             let loads = store.loads(ctx.provider, now, ctx.settings.pin_lifetime_ms)?;
             let choice = next_choice(ctx, states, p, inherited, cursor, now, true, Some(&loads));
-            if let Some((id, Role::Strategy)) = &choice {
+            let mut followed = false;
+            if let Some((id, role @ Role::Strategy)) = &choice {
                 store.record_placement(ctx.provider, id, now)?;
+                followed = self.claim_new_session(ctx, thread, id, *role, now, p)?;
             }
-            Ok(choice)
+            Ok((choice, followed))
         })
     }
 
