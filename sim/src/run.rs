@@ -20,8 +20,7 @@ use pooler_core::{AgentSpec, Provider};
 use pooler_fake_provider::contract::Contract;
 use pooler_fake_provider::server::FakeUpstream;
 use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, AccountStatus, Credential, ExtraUsage, NewAccount, OauthCredential,
-    OptionsChange,
+    AccountInfo, AccountStatus, Credential, ExtraUsage, NewAccount, OauthCredential, OptionsChange,
 };
 use pooler_host::bindings::types::Provider as WitProvider;
 use pooler_host::config::Config;
