@@ -24,6 +24,18 @@
 //! | Codex usage (`…/wham/usage`) | Bearer and `chatgpt-account-id` (401) | assumed |
 //! | token endpoint | `POST`, JSON `grant_type: refresh_token`, a non-empty `refresh_token` and a `client_id`, else 400 `invalid_request` | assumed (the shape Claude Code and Codex CLI send) |
 //!
+//! Billing refusals the fake can answer (not rules it enforces: a test scripts them), with
+//! what is known of the real ones (`docs/extra-usage.md` has the sources):
+//!
+//! | contract | answer | source |
+//! |---|---|---|
+//! | Claude subscription | extra usage spent (or required and off): 400 `invalid_request_error` "You're out of extra usage. Add more at claude.ai/settings/usage and keep going." ([`claude::out_of_extra_usage`]) | observed (quoted in public issue reports); the headers sent with it are assumed |
+//! | Claude subscription | a client the plan does not cover draws on extra usage: 400 `invalid_request_error` "Third-party apps now draw from your extra usage, not your plan limits. …" | observed (quoted in public issue reports) |
+//! | Claude subscription | served within the plan, overage closed: `anthropic-ratelimit-unified-overage-status: rejected` with `…-overage-disabled-reason: out_of_credits` on a 200 | observed (quoted in public issue reports) |
+//! | Claude API key | the organisation's prepaid credits spent: 400 `invalid_request_error` "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits." ([`claude::credit_balance_too_low`]) | observed (quoted in many public issue reports) |
+//! | Claude | an error of type `billing_error`, as HTTP 402 | documented (the type: the API reference and the SDKs); the status assumed |
+//! | Codex | plan window and credits spent: 429 `usage_limit_reached` with the window at 100 % and `x-codex-credits-has-credits: False`, `x-codex-credits-balance: 0` ([`codex::credits_spent`]) | observed (quoted in public issue reports) |
+//!
 //! The replies below follow the real answers: Claude's error envelope
 //! `{"type":"error","error":{"type":…,"message":…}}`, its unified rate-limit headers, 529
 //! `overloaded_error`, the Messages stream (`message_start` … `message_stop`) and an `error`
@@ -193,6 +205,31 @@ pub mod claude {
             .body(json!({"type": "error", "error": {"type": kind, "message": message}}).to_string())
     }
 
+    /// A subscription whose extra usage is spent (or required and not turned on): the 400
+    /// the Messages API answers, with the overage closed in its headers (the headers are
+    /// assumed).
+    pub fn out_of_extra_usage() -> Reply {
+        error(
+            400,
+            "invalid_request_error",
+            "You're out of extra usage. Add more at claude.ai/settings/usage and keep going.",
+        )
+        .header("anthropic-ratelimit-unified-overage-status", "rejected")
+        .header(
+            "anthropic-ratelimit-unified-overage-disabled-reason",
+            "out_of_credits",
+        )
+    }
+
+    /// An API organisation whose prepaid credits are spent.
+    pub fn credit_balance_too_low() -> Reply {
+        error(
+            400,
+            "invalid_request_error",
+            "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits.",
+        )
+    }
+
     /// 529 `overloaded_error`, as the API answers when it is overloaded.
     pub fn overloaded() -> Reply {
         error(529, "overloaded_error", "Overloaded")
@@ -352,6 +389,14 @@ pub mod codex {
                 "response.failed",
                 &json!({"type": "response.failed", "sequence_number": 2, "response": failed}).to_string(),
             )
+    }
+
+    /// The usage-limit 429 of a plan whose window and credits are both spent.
+    pub fn credits_spent(resets_in_s: u64) -> Reply {
+        usage_limit(resets_in_s)
+            .header("x-codex-credits-has-credits", "False")
+            .header("x-codex-credits-balance", "0")
+            .header("x-codex-credits-unlimited", "False")
     }
 
     /// A complete Responses stream answering `text`.

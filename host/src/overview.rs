@@ -53,6 +53,10 @@ pub struct ProviderOverview {
     pub serving_accounts: usize,
     /// Whether it can serve now, or when next.
     pub serving: Serving,
+    /// How it places new conversations (the pool's `<provider>-strategy` setting), when
+    /// the pool said.
+    #[serde(default)]
+    pub strategy: Option<String>,
 }
 
 /// Whether a provider can serve now, or when next.
@@ -157,6 +161,7 @@ pub fn summarize(provider: ProviderName, accounts: &[AccountView]) -> ProviderOv
         enabled: enabled.len(),
         serving_accounts,
         serving,
+        strategy: None,
     }
 }
 
@@ -187,6 +192,10 @@ mod tests {
             token_expires_at: None,
             windows: Vec::new(),
             blocking_reset: reset,
+            last_resort: false,
+            extra_usage: "deny".into(),
+            max_in_flight: 0,
+            preserve: 1.0,
         }
     }
 

@@ -105,6 +105,48 @@ pub struct AccountView {
     pub windows: Vec<WindowView>,
     /// When a blocked account serves again, when known.
     pub blocking_reset: Option<u64>,
+    /// Used only when no other account of the provider is eligible.
+    #[serde(default)]
+    pub last_resort: bool,
+    /// `allow` or `deny`: whether paid extra usage may cover a spent window.
+    #[serde(default = "deny")]
+    pub extra_usage: String,
+    /// The most requests in flight at once; 0: no limit.
+    #[serde(default)]
+    pub max_in_flight: u32,
+    /// The weekly utilization from which it takes no new conversation while another
+    /// account can; 1: no ceiling.
+    #[serde(default = "no_ceiling")]
+    pub preserve: f64,
+}
+
+fn deny() -> String {
+    "deny".to_owned()
+}
+
+fn no_ceiling() -> f64 {
+    1.0
+}
+
+impl AccountView {
+    /// The options that differ from the defaults, in words (`last-resort`, `extra usage
+    /// allowed`, `≤ 4 in flight`, `preserve 80%`); empty when none does.
+    pub fn option_words(&self) -> Vec<String> {
+        let mut words = Vec::new();
+        if self.last_resort {
+            words.push("last-resort".to_owned());
+        }
+        if self.extra_usage == "allow" {
+            words.push("extra usage allowed".to_owned());
+        }
+        if self.max_in_flight > 0 {
+            words.push(format!("≤ {} in flight", self.max_in_flight));
+        }
+        if self.preserve < 1.0 {
+            words.push(format!("preserve {:.0}%", self.preserve * 100.0));
+        }
+        words
+    }
 }
 
 /// One observed quota window of an account.

@@ -782,6 +782,100 @@ fn account_update_replaces_a_key_in_place_and_clears_its_error() {
     assert_eq!(accounts(&served)[0]["secret_hint"], "…NEW2");
 }
 
+/// The per-account options, end to end: set on `account add` and changed by `account
+/// update` without a credential, shown by `account list`, `account show` and `status`,
+/// refused with exit 2 when out of range; each provider's routing strategy is a
+/// `pooler config` setting, shown by `status`.
+#[test]
+fn account_options_are_set_changed_and_shown() {
+    let served = Served::start()
+        .never_prints(KEY_OLD)
+        .never_prints(KEY_SPARE);
+    let spare = served.pooler_with(
+        &[
+            "account",
+            "add",
+            "--provider",
+            "claude",
+            "--api-key",
+            "-",
+            "--label",
+            "spare",
+            "--last-resort",
+            "--max-in-flight",
+            "2",
+            "--json",
+        ],
+        &[],
+        Some(KEY_SPARE),
+    );
+    assert_eq!(spare.status.code(), Some(0), "{}", text(&spare.stderr));
+    let spare: Value = serde_json::from_slice(&spare.stdout).unwrap();
+    let a = &spare["account"];
+    assert_eq!(
+        (
+            &a["last_resort"],
+            &a["max_in_flight"],
+            &a["extra_usage"],
+            &a["preserve"]
+        ),
+        (&json!(true), &json!(2), &json!("deny"), &json!(1.0)),
+        "{a}"
+    );
+    let id = a["id"].as_str().unwrap().to_owned();
+    let work = add_key(&served, KEY_OLD, "work", "0");
+
+    let out = served.ok(&[
+        "account",
+        "update",
+        &work,
+        "--preserve",
+        "0.8",
+        "--extra-usage",
+        "allow",
+    ]);
+    assert!(out.contains("[extra usage allowed, preserve 80%]"), "{out}");
+    let out = served.ok(&[
+        "account",
+        "update",
+        &id,
+        "--last-resort=false",
+        "--max-in-flight",
+        "0",
+    ]);
+    assert!(!out.contains('['), "back to the defaults: {out}");
+    served.ok(&["account", "update", &id, "--last-resort"]);
+    let list = served.ok(&["account", "list"]);
+    assert!(list.contains("last-resort"), "{list}");
+    assert!(list.contains("extra-usage,preserve 80%"), "{list}");
+    let shown = served.ok(&["account", "show", &work]);
+    assert!(shown.contains("extra usage   allow"), "{shown}");
+    assert!(
+        shown.contains("no new conversation from 80% weekly"),
+        "{shown}"
+    );
+    let status = served.ok(&["status"]);
+    assert!(status.contains("[last-resort]"), "{status}");
+
+    let err = served.fails(&["account", "update", &work, "--preserve", "1.5"], 2);
+    assert!(err.contains("a fraction > 0 and ≤ 1"), "{err}");
+    let err = served.fails(&["account", "update", &work, "--extra-usage", "maybe"], 2);
+    assert!(err.contains("allow"), "{err}");
+    let err = served.fails(&["account", "update", &work, "--max-in-flight", "10001"], 2);
+    assert!(err.contains("10001"), "{err}");
+
+    served.ok(&["config", "set", "pool.claude-strategy", "soonest-reset"]);
+    let got = served.ok(&["config", "get", "pool.claude-strategy"]);
+    assert!(got.contains("soonest-reset"), "{got}");
+    let err = served.fails(&["config", "set", "pool.codex-strategy", "round-robin"], 1);
+    assert!(err.contains("fill-first, spread, soonest-reset"), "{err}");
+    let status = served.ok(&["status"]);
+    assert!(
+        status.contains("new conversations: soonest-reset"),
+        "{status}"
+    );
+}
+
 /// The availability change an update signals reaches Provider Retry: a retry waiting an
 /// hour for a rate-limited account moves to now once the account in error gets a working
 /// key, and the turn is then served with that key.
@@ -1108,6 +1202,17 @@ fn the_new_commands_explain_themselves() {
         update.contains("--api-key") && update.contains("pinned"),
         "{update}"
     );
+    for command in ["add", "update", "import", "login"] {
+        let text = help(&["account", command]);
+        for flag in [
+            "--last-resort",
+            "--extra-usage",
+            "--max-in-flight",
+            "--preserve",
+        ] {
+            assert!(text.contains(flag), "account {command}: {flag}: {text}");
+        }
+    }
     assert!(help(&["route", "list"]).contains("never a token"));
     let sessions = help(&["session", "list"]);
     assert!(

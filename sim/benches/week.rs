@@ -27,7 +27,8 @@ fn main() {
         let scenario = Scenario::load(&root.join("scenarios").join(format!("{name}.toml")))
             .expect("a committed scenario");
         let variants = if scenario.variants.is_empty() {
-            routing_variants()
+            // Speed, not routing: one variant (the pool's default strategy) is enough.
+            routing_variants(&scenario).into_iter().take(1).collect()
         } else {
             scenario.variants.clone()
         };

@@ -4,7 +4,7 @@
 
 use anyhow::anyhow;
 use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, Credential, NewAccount,
+    AccountInfo, Credential, NewAccount, OptionsChange,
 };
 use pooler_host::runtime::Host;
 
@@ -60,6 +60,25 @@ pub async fn update_credential(
     .await
     .map_err(|e| err("accounts.update-credential", e))?
     .map_err(|e| err("accounts.update-credential", e))
+}
+
+/// `pooler account update ID --last-resort …`: change an account's options.
+pub async fn update_options(
+    host: &Host,
+    id: &str,
+    change: OptionsChange,
+) -> anyhow::Result<AccountInfo> {
+    let id = id.to_owned();
+    host.call_pool("accounts.update-options", move |store, pool| {
+        Box::pin(async move {
+            pool.pooler_plugins_accounts()
+                .call_update_options(store, &id, change)
+                .await
+        })
+    })
+    .await
+    .map_err(|e| err("accounts.update-options", e))?
+    .map_err(|e| err("accounts.update-options", e))
 }
 
 pub async fn list_accounts(host: &Host) -> anyhow::Result<Vec<AccountInfo>> {

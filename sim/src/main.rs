@@ -15,7 +15,8 @@ use pooler_sim::scenario::{Scenario, Variant};
 /// Runs SCENARIO (a TOML file, see `scenarios/`) through the real `pooler` host with its
 /// embedded Account Pooler and Provider Retry and the real core, on a virtual clock, once
 /// per variant (the scenario's `[[variants]]`, else every routing behaviour the pool
-/// offers), with the same seed for each. Prints the figures as a table, and writes
+/// offers: each routing strategy, and each again with the person's reserve accounts as
+/// last-resort accounts), with the same seed for each. Prints the figures as a table, and writes
 /// OUT/<scenario>.json and OUT/<scenario>.html.
 #[derive(Parser, Debug)]
 #[command(name = "pooler-sim", version)]
@@ -71,7 +72,7 @@ fn simulate(args: Args) -> anyhow::Result<()> {
         scenario.seed = seed;
     }
     let mut variants = if scenario.variants.is_empty() {
-        pooler_sim::run::routing_variants()
+        pooler_sim::run::routing_variants(&scenario)
     } else {
         scenario.variants.clone()
     };

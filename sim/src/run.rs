@@ -20,7 +20,7 @@ use pooler_core::{AgentSpec, Provider};
 use pooler_fake_provider::contract::Contract;
 use pooler_fake_provider::server::FakeUpstream;
 use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, AccountStatus, Credential, NewAccount, OauthCredential,
+    AccountInfo, AccountStatus, Credential, ExtraUsage, NewAccount, OauthCredential, OptionsChange,
 };
 use pooler_host::bindings::types::Provider as WitProvider;
 use pooler_host::config::Config;
@@ -34,7 +34,9 @@ use crate::calls;
 use crate::ledger::{Action, Finished, Ledger};
 use crate::model::{Attempt, Expiry, Model, Sample};
 use crate::pins::{Pins, Served};
-use crate::scenario::{CredentialKind, EventAction, MINUTE, ProviderName, Scenario, Variant};
+use crate::scenario::{
+    AccountChange, CredentialKind, EventAction, MINUTE, ProviderName, Scenario, Variant,
+};
 use crate::workload::{ThreadPlan, next_active, plan};
 
 /// What one run recorded, for the figures and the pictures.
@@ -60,13 +62,41 @@ pub struct Recorded {
     pub cpu: Duration,
 }
 
-/// Every routing behaviour the pool offers, as variants of a comparison.
-pub fn routing_variants() -> Vec<Variant> {
-    vec![Variant {
-        name: "fill-first".into(),
-        pool: Default::default(),
-        retry: Default::default(),
-    }]
+/// Every routing behaviour the pool offers, as variants of a comparison: one per routing
+/// strategy (for both providers), and, when the scenario's person keeps reserve accounts
+/// to enable by hand, each strategy again with those accounts enabled from the start as
+/// last-resort accounts (the pool then takes the person's step itself).
+pub fn routing_variants(scenario: &Scenario) -> Vec<Variant> {
+    let strategy = |name: &str| Variant {
+        name: name.to_owned(),
+        pool: ["claude-strategy", "codex-strategy"]
+            .into_iter()
+            .map(|k| (k.to_owned(), name.to_owned()))
+            .collect(),
+        ..Variant::default()
+    };
+    let strategies = ["fill-first", "spread", "soonest-reset"];
+    let mut variants: Vec<Variant> = strategies.iter().map(|s| strategy(s)).collect();
+    let reserves = &scenario.person.enable_when_exhausted;
+    if !reserves.is_empty() {
+        for s in strategies {
+            let mut v = strategy(s);
+            v.name = format!("{s}+last-resort");
+            v.accounts = reserves
+                .iter()
+                .map(|r| {
+                    let change = AccountChange {
+                        enabled: Some(true),
+                        last_resort: Some(true),
+                        ..AccountChange::default()
+                    };
+                    (r.clone(), change)
+                })
+                .collect();
+            variants.push(v);
+        }
+    }
+    variants
 }
 
 /// Runs `scenario` under `variant`; `cache_dir` is the compile cache.
@@ -143,6 +173,14 @@ async fn simulate(
         .accounts
         .iter()
         .flat_map(|g| std::iter::repeat_n(g.enabled, g.count as usize))
+        .zip(scenario.account_names())
+        .map(|(on, name)| {
+            variant
+                .accounts
+                .get(&name)
+                .and_then(|c| c.enabled)
+                .unwrap_or(on)
+        })
         .collect();
     let ledger = Arc::new(Ledger::new(
         start,
@@ -265,11 +303,24 @@ async fn simulate(
                     credential,
                     label: Some(model.account_name(idx)),
                     priority: group.priority,
+                    options: None,
                 },
             )
             .await?;
-            if !group.enabled {
+            if !enabled[idx] {
                 calls::set_enabled(&host, &info.id, false).await?;
+            }
+            if let Some(c) = variant.accounts.get(&model.account_name(idx)) {
+                let options = OptionsChange {
+                    last_resort: c.last_resort,
+                    extra_usage: c.extra_usage.as_deref().map(|e| match e {
+                        "allow" => ExtraUsage::Allow,
+                        _ => ExtraUsage::Deny,
+                    }),
+                    max_in_flight: c.max_in_flight,
+                    preserve: c.preserve,
+                };
+                calls::update_options(&host, &info.id, options).await?;
             }
             ids.push(info.id);
             idx += 1;
@@ -569,14 +620,17 @@ async fn look_in(
         };
         let waiting: Vec<usize> = (0..threads.len()).filter(|i| ledger.waiting(*i)).collect();
         if !reserve.is_empty() {
+            // A reserve already enabled (a last-resort account the pool uses by itself)
+            // needs nothing of the person.
+            let disabled = |r: usize| accounts.iter().any(|a| a.id == ids[r] && !a.enabled);
             if !enabled_by_person && waiting.iter().any(|i| !others_serve(&plans[*i].family)) {
                 for &r in &reserve {
-                    if calls::set_enabled(&host, &ids[r], true).await.is_ok() {
+                    if disabled(r) && calls::set_enabled(&host, &ids[r], true).await.is_ok() {
                         ledger.set_enabled(r, true, now);
                         ledger.act(Action::EnableReserve);
+                        enabled_by_person = true;
                     }
                 }
-                enabled_by_person = true;
             } else if enabled_by_person && plans.iter().all(|p| others_serve(&p.family)) {
                 for &r in &reserve {
                     if calls::set_enabled(&host, &ids[r], false).await.is_ok() {

@@ -322,7 +322,7 @@ impl Default for Person {
 }
 
 /// One side of a comparison: a name and the settings it changes.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Variant {
     pub name: String,
@@ -330,6 +330,26 @@ pub struct Variant {
     pub pool: BTreeMap<String, String>,
     #[serde(default)]
     pub retry: BTreeMap<String, String>,
+    /// Per-account changes by account name, made as the accounts are added (what
+    /// `pooler account update NAME --last-resort …` and `pooler account enable` would do).
+    #[serde(default)]
+    pub accounts: BTreeMap<String, AccountChange>,
+}
+
+/// What a variant changes of one account: fields left out keep the scenario's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AccountChange {
+    /// Enabled (or disabled) from the start.
+    pub enabled: Option<bool>,
+    /// Used only when no other account of its provider is eligible.
+    pub last_resort: Option<bool>,
+    /// `allow` or `deny`.
+    pub extra_usage: Option<String>,
+    /// The most requests in flight at once (0: no limit).
+    pub max_in_flight: Option<u32>,
+    /// No new conversation from this weekly utilization (1: no ceiling).
+    pub preserve: Option<f64>,
 }
 
 impl Scenario {
@@ -404,6 +424,29 @@ impl Scenario {
         for name in &self.person.enable_when_exhausted {
             if !names.contains(name) {
                 bail!("person.enable-when-exhausted: no account named {name}");
+            }
+        }
+        for variant in &self.variants {
+            self.check_variant(variant)?;
+        }
+        Ok(())
+    }
+
+    /// A variant's account changes name accounts that exist, with values the pool takes.
+    pub fn check_variant(&self, variant: &Variant) -> anyhow::Result<()> {
+        let names = self.account_names();
+        for (name, change) in &variant.accounts {
+            if !names.contains(name) {
+                bail!("variant {}: no account named {name}", variant.name);
+            }
+            if let Some(e) = &change.extra_usage
+                && e != "allow"
+                && e != "deny"
+            {
+                bail!(
+                    "variant {}: account {name}: extra-usage must be allow or deny",
+                    variant.name
+                );
             }
         }
         Ok(())
@@ -500,6 +543,14 @@ mod tests {
             output-tokens = [10, 20]
         "#;
         Scenario::parse(base).unwrap();
+        let variant = format!(
+            "{base}\n[[variants]]\nname = \"v\"\n[variants.accounts.a]\nenabled = true\nlast-resort = true\n"
+        );
+        let parsed = Scenario::parse(&variant).unwrap();
+        assert_eq!(parsed.variants[0].accounts["a"].last_resort, Some(true));
+        let dangling_variant = variant.replace("accounts.a]", "accounts.b]");
+        let err = format!("{:#}", Scenario::parse(&dangling_variant).unwrap_err());
+        assert!(err.contains("no account named b"), "{err}");
         let typo = format!("{base}\n[person]\nchecks-every-mn = 3\n");
         let err = format!("{:#}", Scenario::parse(&typo).unwrap_err());
         assert!(err.contains("checks-every-mn"), "{err}");

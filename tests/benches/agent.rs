@@ -120,6 +120,7 @@ async fn run() -> anyhow::Result<()> {
             credential: Credential::ApiKey("sk-ant-api03-bench".into()),
             label: None,
             priority: None,
+            options: None,
         },
     )
     .await

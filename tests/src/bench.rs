@@ -126,6 +126,7 @@ pub async fn configure_pool(host: &Host, url: &str, upstream: &str) -> anyhow::R
             credential: Credential::ApiKey(key.into()),
             label: None,
             priority: None,
+            options: None,
         };
         host.call_pool("accounts.add", move |store, pool| {
             Box::pin(async move {

@@ -196,6 +196,7 @@ impl CoreSetup {
                 credential: Credential::ApiKey(API_KEY.into()),
                 label: None,
                 priority: None,
+                options: None,
             };
             h.add_account(account).await;
         }
@@ -366,6 +367,7 @@ impl CoreHost {
             credential: Credential::ApiKey(key.into()),
             label: None,
             priority: None,
+            options: None,
         })
         .await
     }

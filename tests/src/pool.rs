@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
 use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, AccountsError, Credential, NewAccount, OauthCredential,
+    AccountInfo, AccountsError, Credential, NewAccount, OauthCredential, OptionsChange,
 };
 use pooler_host::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery;
 use pooler_host::bindings::pool::exports::pooler::plugins::routing::{Route, RoutingError};
@@ -399,6 +399,7 @@ impl Pool {
             credential,
             label: None,
             priority: None,
+            options: None,
         };
         crate::exports::add_account(&self.host.host, account).await
     }
@@ -456,6 +457,26 @@ impl Pool {
             })
             .await
             .expect("accounts.refresh")
+    }
+
+    /// Change account `letter`'s options (`pooler account update --last-resort …`).
+    pub async fn update_options(
+        &self,
+        letter: &str,
+        change: OptionsChange,
+    ) -> Result<AccountInfo, AccountsError> {
+        let id = self.id(letter);
+        self.host
+            .host
+            .call_pool("accounts.update-options", move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_accounts()
+                        .call_update_options(store, &id, change)
+                        .await
+                })
+            })
+            .await
+            .expect("accounts.update-options")
     }
 
     /// Every account of the pool's provider, in selection order.

@@ -50,6 +50,7 @@ async fn oauth_account(h: &CoreHost, provider: wit::Provider, letter: &str) -> A
         credential: oauth(provider, letter, None),
         label: None,
         priority: None,
+        options: None,
     })
     .await
 }

@@ -71,6 +71,7 @@ async fn codex_thread(h: &CoreHost) -> String {
         }),
         label: None,
         priority: None,
+        options: None,
     })
     .await;
     h.link

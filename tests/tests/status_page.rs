@@ -3,7 +3,8 @@
 //!
 //! The host runs with its core on the manual clock, the real Account Pooler in front of a
 //! scripted fake upstream and the real Provider Retry. Two Claude accounts: A, held by a 429
-//! with `Retry-After: 3600`, and B, disabled. A thread's turn failed on that 429, so Provider
+//! with `Retry-After: 3600`, and B, disabled and last-resort (the page shows it, and each
+//! provider's routing strategy). A thread's turn failed on that 429, so Provider
 //! Retry holds a retry row at the end of A's hold. The browser signs in with a one-time link
 //! (as `pooler page` prints), sees both accounts and the waiting thread, clicks "Enable" on
 //! B: the server moves the row to within a minute (checked on the server's state), and the
@@ -48,6 +49,16 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
     let a = h.accounts().await[0].id.clone();
     let b = h.add_claude_key("sk-ant-api03-key-b").await.id;
     h.disable_account(&b).await;
+    // B is the spare: last-resort, for when A cannot serve.
+    let (status, answer) = h
+        .admin(
+            "PUT",
+            &format!("accounts/{b}/options"),
+            json!({"last_resort": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["account"]["last_resort"], true, "{answer}");
     h.settle().await;
 
     // The thread's turn fails with a 429 that holds A for an hour; B is disabled.
@@ -116,6 +127,12 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
         assert!(thread_text.contains("(in 1 h)"), "{thread_text}");
         let provider = browser.text("[data-provider=\"claude\"]").unwrap();
         assert!(provider.contains("blocked (held)"), "{provider}");
+        assert!(
+            provider.contains("new conversations: fill-first"),
+            "{provider}"
+        );
+        let b_text = browser.text(&account_row(&b)).unwrap();
+        assert!(b_text.contains("last-resort"), "{b_text}");
     });
 
     // Enable B from the page.
@@ -220,6 +237,7 @@ async fn outside_text_shows_escaped_on_the_page_and_without_the_echoed_key() {
             credential: Credential::ApiKey(KEY.into()),
             label: Some("ops\u{202e}gnp.exe\u{200b}".into()),
             priority: None,
+            options: None,
         })
         .await
         .id;

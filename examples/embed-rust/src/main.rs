@@ -208,7 +208,7 @@ fn main() -> Result<()> {
     opened.map_err(|e| wasmtime::format_err!("the pool refused the route: {e:?}"))?;
     ask("no accounts")?;
     let (credential, label) = (Credential::ApiKey("sk-ant-example-key".into()), Some("ex".into()));
-    let account = NewAccount { provider, credential, label, priority: None };
+    let account = NewAccount { provider, credential, label, priority: None, options: None };
     let (mut store, pool) = fresh()?;
     let added = pool.pooler_plugins_accounts().call_add(&mut store, &account)?;
     let info = added.map_err(|e| wasmtime::format_err!("the pool refused the account: {e:?}"))?;

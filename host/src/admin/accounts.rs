@@ -13,6 +13,12 @@
 //! | `POST /accounts/{id}/refresh`        |                                             | `{"account": …}` |
 //! | `PUT /accounts/{id}/priority`        | `{priority}`                                | `{"account": …}` |
 //! | `PUT /accounts/{id}/credential`      | `{credential}`                              | `{"account": …}` (same id, label, priority, order, pins; error cleared) |
+//! | `PUT /accounts/{id}/options`         | `{last_resort?, extra_usage?, max_in_flight?, preserve?}` | `{"account": …}` (fields left out keep their value) |
+//!
+//! An add or import may carry `options` (the same object; fields left out take the
+//! defaults): `last_resort` (bool), `extra_usage` (`allow` or `deny`), `max_in_flight` (0: no
+//! limit) and `preserve` (a fraction > 0 and ≤ 1; 1: no ceiling). An account shows them as
+//! `last_resort`, `extra_usage`, `max_in_flight` and `preserve`.
 //!
 //! `credential` is `{"api_key": "…"}` (Claude) or `{"oauth": {"access_token", "refresh_token",
 //! "expires_at"?, "chatgpt_account_id"?}}` (`expires_at` in epoch ms; the account id is
@@ -21,8 +27,8 @@
 
 use super::{Admin, AdminRequest, ApiError, Fields, Reply};
 use crate::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, AccountStatus, AccountsError, Credential, CredentialKind, NewAccount,
-    OauthCredential, UsageWindow,
+    AccountInfo, AccountOptions, AccountStatus, AccountsError, Credential, CredentialKind,
+    ExtraUsage, NewAccount, OauthCredential, OptionsChange, UsageWindow,
 };
 use crate::wire::{AccountView, ProviderName, WindowView};
 
@@ -57,6 +63,14 @@ impl From<AccountInfo> for AccountView {
             token_expires_at: a.token_expires_at,
             windows: a.windows.into_iter().map(WindowView::from).collect(),
             blocking_reset: a.blocking_reset,
+            last_resort: a.options.last_resort,
+            extra_usage: match a.options.extra_usage {
+                ExtraUsage::Allow => "allow",
+                ExtraUsage::Deny => "deny",
+            }
+            .to_owned(),
+            max_in_flight: a.options.max_in_flight,
+            preserve: a.options.preserve,
         }
     }
 }
@@ -102,6 +116,9 @@ pub(super) fn refused(e: AccountsError) -> ApiError {
         AccountsError::InvalidOrder(why) => {
             ApiError::bad_request("invalid-order", format!("cannot reorder: {why}"))
         }
+        AccountsError::InvalidOptions(why) => {
+            ApiError::bad_request("invalid-options", format!("invalid account option: {why}"))
+        }
         AccountsError::RefreshRefused(why) => ApiError::new(
             hyper::StatusCode::BAD_GATEWAY,
             "refresh-refused",
@@ -129,6 +146,7 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
         ("POST", [id, action @ ("enable" | "disable" | "refresh")]) => act(admin, id, action).await,
         ("PUT", [id, "priority"]) => priority(admin, req, id).await,
         ("PUT", [id, "credential"]) => update_credential(admin, req, id).await,
+        ("PUT", [id, "options"]) => update_options(admin, req, id).await,
         _ => Err(ApiError::no_endpoint(req)),
     }
 }
@@ -197,6 +215,51 @@ fn credential(fields: &mut Fields) -> Result<Credential, ApiError> {
     }
 }
 
+/// An options object (`options` of an add or import, or the body of `PUT …/options`):
+/// each field read when present.
+fn options_change(fields: &mut Fields) -> Result<OptionsChange, ApiError> {
+    let extra_usage = match fields.opt_str("extra_usage")?.as_deref() {
+        None => None,
+        Some("allow") => Some(ExtraUsage::Allow),
+        Some("deny") => Some(ExtraUsage::Deny),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid-field",
+                "`extra_usage` must be `allow` or `deny`",
+            ));
+        }
+    };
+    let max_in_flight = fields
+        .opt_u64("max_in_flight")?
+        .map(|n| {
+            u32::try_from(n).map_err(|_| {
+                ApiError::bad_request("invalid-field", "`max_in_flight` must be at most 10000")
+            })
+        })
+        .transpose()?;
+    Ok(OptionsChange {
+        last_resort: fields.opt_bool("last_resort")?,
+        extra_usage,
+        max_in_flight,
+        preserve: fields.opt_f64("preserve")?,
+    })
+}
+
+/// The `options` of an add or import: what it sets over the defaults.
+fn new_options(fields: &mut Fields) -> Result<Option<AccountOptions>, ApiError> {
+    let Some(mut object) = fields.object("options")? else {
+        return Ok(None);
+    };
+    let change = options_change(&mut object)?;
+    object.finish()?;
+    Ok(Some(AccountOptions {
+        last_resort: change.last_resort.unwrap_or(false),
+        extra_usage: change.extra_usage.unwrap_or(ExtraUsage::Deny),
+        max_in_flight: change.max_in_flight.unwrap_or(0),
+        preserve: change.preserve.unwrap_or(1.0),
+    }))
+}
+
 async fn add(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     let mut fields = req.fields()?;
     let account = NewAccount {
@@ -204,6 +267,7 @@ async fn add(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
         credential: credential(&mut fields)?,
         label: fields.opt_str("label")?,
         priority: fields.opt_i32("priority")?,
+        options: new_options(&mut fields)?,
     };
     fields.finish()?;
     let added = admin
@@ -221,6 +285,7 @@ async fn import(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     let contents = fields.str("contents")?;
     let label = fields.opt_str("label")?;
     let priority = fields.opt_i32("priority")?;
+    let options = new_options(&mut fields)?;
     fields.finish()?;
     let added = admin
         .pool("accounts.import-login", move |store, pool| {
@@ -232,7 +297,18 @@ async fn import(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
         })
         .await?
         .map_err(refused)?;
-    Reply::created(one(added))
+    let Some(o) = options else {
+        return Reply::created(one(added));
+    };
+    // The import has no options of its own: they follow at once.
+    let change = OptionsChange {
+        last_resort: Some(o.last_resort),
+        extra_usage: Some(o.extra_usage),
+        max_in_flight: Some(o.max_in_flight),
+        preserve: Some(o.preserve),
+    };
+    let updated = set_options(admin, &added.id, change).await?;
+    Reply::created(one(updated))
 }
 
 async fn reorder(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
@@ -328,4 +404,29 @@ async fn update_credential(admin: &Admin, req: &AdminRequest, id: &str) -> Resul
         .await?
         .map_err(refused)?;
     Reply::ok(one(account))
+}
+
+async fn set_options(
+    admin: &Admin,
+    id: &str,
+    change: OptionsChange,
+) -> Result<AccountInfo, ApiError> {
+    let id = id.to_owned();
+    admin
+        .pool("accounts.update-options", move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_accounts()
+                    .call_update_options(store, &id, change)
+                    .await
+            })
+        })
+        .await?
+        .map_err(refused)
+}
+
+async fn update_options(admin: &Admin, req: &AdminRequest, id: &str) -> Result<Reply, ApiError> {
+    let mut fields = req.fields()?;
+    let change = options_change(&mut fields)?;
+    fields.finish()?;
+    Reply::ok(one(set_options(admin, id, change).await?))
 }

@@ -81,6 +81,24 @@ impl Fields {
         }
     }
 
+    pub fn opt_bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(_) => Err(self.wrong(name, "true or false")),
+        }
+    }
+
+    pub fn opt_f64(&mut self, name: &str) -> Result<Option<f64>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(name, "a number")),
+        }
+    }
+
     pub fn provider(&mut self, name: &str) -> Result<Provider, ApiError> {
         let text = self.str(name)?;
         ProviderName::parse(&text)

@@ -2,8 +2,8 @@
 //! `pooler status` and the status page. One call gathers the pool's accounts
 //! (`accounts.list-accounts`), the core's threads and live rows, Provider Retry's open
 //! candidates (`retry-admin.status`) and the pool's availability answer for each thread
-//! (`availability.query-many`, asked as the `admin` caller) and the pins per account
-//! (`routing.list-sessions`). A part that cannot be read is a
+//! (`availability.query-many`, asked as the `admin` caller), the pins per account
+//! (`routing.list-sessions`) and each provider's routing strategy (`settings.list-settings`). A part that cannot be read is a
 //! `problems` entry with its message, never a failed answer: in an incident the rest of the
 //! screen is what a person needs.
 
@@ -66,9 +66,26 @@ pub(super) async fn overview(admin: &Admin) -> Overview {
         }
         Err(e) => problems.push(problem("sessions", e.message)),
     }
+    // The routing strategy per provider: a settings read that fails costs only that word.
+    let settings = admin
+        .pool("settings.list-settings", |store, pool| {
+            Box::pin(pool.pooler_plugins_settings().call_list_settings(store))
+        })
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
     let providers = [ProviderName::Claude, ProviderName::Codex]
         .into_iter()
-        .map(|p| summarize(p, &accounts))
+        .map(|p| {
+            let key = format!("{}-strategy", p.as_str());
+            let mut summary = summarize(p, &accounts);
+            summary.strategy = settings
+                .iter()
+                .find(|s| s.key == key)
+                .map(|s| s.value.clone());
+            summary
+        })
         .collect();
 
     let candidates: Vec<CandidateView> = match admin

@@ -43,11 +43,12 @@ enum AccountCommand {
     /// Sign in to a Claude or Codex subscription here, without the provider's CLI, and add
     /// the account (or, with --replace, give an existing account the new tokens).
     Login(LoginArgs),
-    /// Replace an account's credential in place: a new API key or new OAuth tokens.
+    /// Replace an account's credential in place (a new API key or new OAuth tokens), and/or
+    /// change its options (last-resort, extra usage, in-flight limit, preserve ceiling).
     ///
-    /// The account keeps its id, label, priority, order and the conversations pinned to it;
-    /// its error (and a hold after a refused token, and the sign-in flag) clears, and the
-    /// pool tells Provider Retry its availability changed.
+    /// With a new credential the account keeps its id, label, priority, order and the
+    /// conversations pinned to it; its error (and a hold after a refused token, and the
+    /// sign-in flag) clears, and the pool tells Provider Retry its availability changed.
     Update(UpdateArgs),
     /// List accounts in selection order: status, utilization, resets, holds, errors.
     List {
@@ -95,6 +96,76 @@ fn secret(text: &str) -> Result<Secret, String> {
     Ok(Secret(text.to_owned()))
 }
 
+/// The account options a person sets when adding or updating an account.
+#[derive(Debug, Clone, Default, clap::Args)]
+struct OptionArgs {
+    /// Use this account only when no other account of its provider is eligible (the spare
+    /// you would otherwise enable by hand when the others are spent); `--last-resort=false`
+    /// makes it an ordinary account again.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    last_resort: Option<bool>,
+    /// Whether paid extra usage (Claude overage, Codex credits) may serve once the plan has
+    /// spent a model-family window: `deny` (the default: such a window counts as spent) or
+    /// `allow` (you are billed for it).
+    #[arg(long, value_name = "allow|deny", value_parser = ["allow", "deny"])]
+    extra_usage: Option<String>,
+    /// The most requests in flight on this account at once (0: no limit). Requests over it
+    /// go to another account, or wait briefly when every account is at its limit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    max_in_flight: Option<u32>,
+    /// Take no new conversation once this share of the weekly window is used (e.g. 0.8;
+    /// `off` or 1: no ceiling) while another account can take it.
+    #[arg(long, value_name = "FRACTION", value_parser = preserve)]
+    preserve: Option<f64>,
+}
+
+impl OptionArgs {
+    fn is_empty(&self) -> bool {
+        self.last_resort.is_none()
+            && self.extra_usage.is_none()
+            && self.max_in_flight.is_none()
+            && self.preserve.is_none()
+    }
+
+    /// The admin API's options object: the fields given.
+    fn json(&self) -> Value {
+        let mut o = Map::new();
+        if let Some(v) = self.last_resort {
+            o.insert("last_resort".into(), json!(v));
+        }
+        if let Some(v) = &self.extra_usage {
+            o.insert("extra_usage".into(), json!(v));
+        }
+        if let Some(v) = self.max_in_flight {
+            o.insert("max_in_flight".into(), json!(v));
+        }
+        if let Some(v) = self.preserve {
+            o.insert("preserve".into(), json!(v));
+        }
+        Value::Object(o)
+    }
+
+    /// The `options` of an add: absent when no option was given.
+    fn for_add(&self) -> Value {
+        if self.is_empty() {
+            Value::Null
+        } else {
+            self.json()
+        }
+    }
+}
+
+/// A `--preserve` value: a fraction > 0 and ≤ 1, or `off`.
+fn preserve(text: &str) -> Result<f64, String> {
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(1.0);
+    }
+    match text.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err("a fraction > 0 and ≤ 1 (e.g. 0.8), or `off`".to_owned()),
+    }
+}
+
 #[derive(Debug, clap::Args)]
 #[command(
     group(ArgGroup::new("credential").required(true).args(["api_key", "oauth_file"])),
@@ -127,6 +198,8 @@ struct AddArgs {
     /// Lower is tried first; ties keep the order added (default 0).
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i32>,
+    #[command(flatten)]
+    options: OptionArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -146,17 +219,21 @@ struct ImportArgs {
     /// Lower is tried first (default 0).
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i32>,
+    #[command(flatten)]
+    options: OptionArgs,
 }
 
 #[derive(Debug, clap::Args)]
 #[command(
-    group(ArgGroup::new("credential").required(true).args(["api_key", "oauth_file"])),
+    group(ArgGroup::new("credential").args(["api_key", "oauth_file"])),
     after_help = "Examples:\n  \
         pooler account update 01J9Z... --api-key -        # paste the new key, then Ctrl-D\n  \
-        pooler account update 01J9Z... --oauth-file tokens.json\n\n\
-        An API key is only for a Claude account. The OAuth file is the JSON `account add \
-        --oauth-file` takes. To sign an OAuth account in again, use \
-        `pooler account login --provider P --replace ID`."
+        pooler account update 01J9Z... --oauth-file tokens.json\n  \
+        pooler account update 01J9Z... --last-resort      # the spare, used when the rest are spent\n  \
+        pooler account update 01J9Z... --extra-usage allow --max-in-flight 0 --preserve off\n\n\
+        Give a new credential, options, or both. An API key is only for a Claude account. The \
+        OAuth file is the JSON `account add --oauth-file` takes. To sign an OAuth account in \
+        again, use `pooler account login --provider P --replace ID`."
 )]
 struct UpdateArgs {
     /// The account (`pooler account list` shows the ids).
@@ -173,6 +250,8 @@ struct UpdateArgs {
     /// A JSON file with the new OAuth credentials.
     #[arg(long, value_name = "FILE")]
     oauth_file: Option<PathBuf>,
+    #[command(flatten)]
+    options: OptionArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -199,9 +278,11 @@ struct LoginArgs {
     #[arg(long, allow_negative_numbers = true, conflicts_with = "replace")]
     priority: Option<i32>,
     /// Give this existing account the new tokens instead of adding one (it keeps its id,
-    /// label, priority, order and pins).
+    /// label, priority, order, options and pins).
     #[arg(long, value_name = "ID")]
     replace: Option<String>,
+    #[command(flatten)]
+    options: OptionArgs,
     /// Claude's authorize URL.
     #[arg(long, value_name = "URL", env = "POOLER_CLAUDE_AUTHORIZE_URL", default_value = login::CLAUDE_AUTHORIZE_URL)]
     authorize_url: String,
@@ -244,6 +325,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 "contents": contents,
                 "label": import.label,
                 "priority": import.priority,
+                "options": import.options.for_add(),
             });
             let answer = out.connect()?.post("accounts/import", &body).await?;
             out.print(&answer, |answer| {
@@ -254,14 +336,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         AccountCommand::Login(args) => sign_in(out, args).await,
         AccountCommand::Update(update) => {
-            let credential = read_credential(update.api_key, update.oauth_file)?;
-            let answer = out
-                .connect()?
-                .put(
-                    &format!("accounts/{}/credential", percent_encode(&update.id)),
-                    &json!({ "credential": credential }),
+            let has_credential = update.api_key.is_some() || update.oauth_file.is_some();
+            if !has_credential && update.options.is_empty() {
+                return Err(UsageError(
+                    "give a new credential (--api-key or --oauth-file), options \
+                     (--last-resort, --extra-usage, --max-in-flight, --preserve), or both"
+                        .to_owned(),
                 )
-                .await?;
+                .into());
+            }
+            let client = out.connect()?;
+            let path = |what: &str| format!("accounts/{}/{what}", percent_encode(&update.id));
+            let mut answer = None;
+            if has_credential {
+                let credential = read_credential(update.api_key, update.oauth_file)?;
+                answer = Some(
+                    client
+                        .put(&path("credential"), &json!({ "credential": credential }))
+                        .await?,
+                );
+            }
+            if !update.options.is_empty() {
+                answer = Some(client.put(&path("options"), &update.options.json()).await?);
+            }
+            let answer = answer.expect("a credential or options were sent");
             out.print(&answer, |answer| {
                 let account: AccountView = field(answer, "account")?;
                 println!("updated {}", summary(&account));
@@ -364,6 +462,7 @@ fn add_body(add: AddArgs) -> anyhow::Result<Value> {
         "credential": credential,
         "label": add.label,
         "priority": add.priority,
+        "options": add.options.for_add(),
     }))
 }
 
@@ -442,15 +541,23 @@ async fn sign_in(out: &ClientArgs, args: LoginArgs) -> anyhow::Result<()> {
         }
     };
     let (answer, done) = match &args.replace {
-        Some(id) => (
-            client
+        Some(id) => {
+            let mut answer = client
                 .put(
                     &format!("accounts/{}/credential", percent_encode(id)),
                     &json!({ "credential": tokens.credential() }),
                 )
-                .await?,
-            "signed in again:",
-        ),
+                .await?;
+            if !args.options.is_empty() {
+                answer = client
+                    .put(
+                        &format!("accounts/{}/options", percent_encode(id)),
+                        &args.options.json(),
+                    )
+                    .await?;
+            }
+            (answer, "signed in again:")
+        }
         None => (
             client
                 .post(
@@ -460,6 +567,7 @@ async fn sign_in(out: &ClientArgs, args: LoginArgs) -> anyhow::Result<()> {
                         "credential": tokens.credential(),
                         "label": args.label,
                         "priority": args.priority,
+                        "options": args.options.for_add(),
                     }),
                 )
                 .await?,
@@ -534,8 +642,14 @@ fn default_login_file(provider: ProviderName) -> anyhow::Result<PathBuf> {
 
 /// `claude account 01J… "work" (…abcd), ready`.
 fn summary(a: &AccountView) -> String {
+    let options = a.option_words();
+    let options = if options.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", options.join(", "))
+    };
     format!(
-        "{} account {} \"{}\" ({}), {}",
+        "{} account {} \"{}\" ({}), {}{options}",
         a.provider, a.id, a.label, a.secret_hint, a.status
     )
 }
@@ -579,7 +693,7 @@ fn print_list(accounts: &[AccountView]) {
                 utilization(a).unwrap_or_else(dash),
                 next_reset(a, now).map_or_else(dash, |t| relative(t, now)),
                 a.held_until.map_or_else(dash, |t| format!("until {}", relative(t, now))),
-                if a.needs_sign_in { "sign-in".to_owned() } else { dash() },
+                flags(a).unwrap_or_else(dash),
                 a.secret_hint.clone(),
                 a.error.clone().unwrap_or_else(dash),
             ]
@@ -597,12 +711,57 @@ fn print_list(accounts: &[AccountView]) {
     );
 }
 
+/// The FLAG column: the sign-in flag and the options that differ from the defaults.
+fn flags(a: &AccountView) -> Option<String> {
+    let mut words = Vec::new();
+    if a.needs_sign_in {
+        words.push("sign-in".to_owned());
+    }
+    if a.last_resort {
+        words.push("last-resort".to_owned());
+    }
+    if a.extra_usage == "allow" {
+        words.push("extra-usage".to_owned());
+    }
+    if a.max_in_flight > 0 {
+        words.push(format!("max {}", a.max_in_flight));
+    }
+    if a.preserve < 1.0 {
+        words.push(format!("preserve {:.0}%", a.preserve * 100.0));
+    }
+    (!words.is_empty()).then(|| words.join(","))
+}
+
 /// Every known fact of one account, one per line.
 fn details(a: &AccountView, now: u64) -> String {
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("  {k:<14}{v}\n"));
     line("kind", a.kind.clone());
     line("priority", a.priority.to_string());
+    line(
+        "last resort",
+        if a.last_resort {
+            "yes: used only when no other account is eligible".to_owned()
+        } else {
+            "no".to_owned()
+        },
+    );
+    line("extra usage", a.extra_usage.clone());
+    line(
+        "in flight",
+        match a.max_in_flight {
+            0 => "no limit".to_owned(),
+            n => format!("at most {n}"),
+        },
+    );
+    line(
+        "preserve",
+        if a.preserve < 1.0 {
+            format!("no new conversation from {:.0}% weekly", a.preserve * 100.0)
+        } else {
+            "off".to_owned()
+        },
+    );
     if let Some(t) = a.last_used_at {
         line("last used", when(t, now));
     }

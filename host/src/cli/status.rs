@@ -318,6 +318,10 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
             ),
             Serving::Unavailable { reason } => format!("{} ({reason})", p.paint(RED, "unavailable")),
         };
+        let strategy = x
+            .strategy
+            .as_deref()
+            .map_or_else(String::new, |s| format!(", new conversations: {s}"));
         let _ = writeln!(
             out,
             "  {:<7} {serving}  {}",
@@ -325,7 +329,7 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
             p.paint(
                 DIM,
                 &format!(
-                    "{} of {} accounts serving, {} enabled",
+                    "{} of {} accounts serving, {} enabled{strategy}",
                     x.serving_accounts, x.accounts, x.enabled
                 )
             )
@@ -354,6 +358,10 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
             n => {
                 let _ = write!(line, "  {n} pinned sessions");
             }
+        }
+        let options = a.option_words();
+        if !options.is_empty() {
+            let _ = write!(line, "  {}", p.paint(DIM, &format!("[{}]", options.join(", "))));
         }
         let _ = writeln!(out, "{line}");
         if let Some(why) = why(a) {
@@ -486,6 +494,10 @@ mod tests {
             token_expires_at: None,
             windows: Vec::new(),
             blocking_reset: None,
+            last_resort: false,
+            extra_usage: "deny".into(),
+            max_in_flight: 0,
+            preserve: 1.0,
         }
     }
 
@@ -502,11 +514,16 @@ mod tests {
             blocking: false,
             observed_at: NOW - MIN,
         }];
-        let disabled = account("acc_b", "Key B", "disabled");
+        let mut disabled = account("acc_b", "Key B", "disabled");
+        disabled.last_resort = true;
+        disabled.max_in_flight = 4;
         let accounts = vec![held, disabled];
         let providers: Vec<ProviderOverview> = [ProviderName::Claude, ProviderName::Codex]
             .into_iter()
-            .map(|p| summarize(p, &accounts))
+            .map(|p| ProviderOverview {
+                strategy: Some("spread".into()),
+                ..summarize(p, &accounts)
+            })
             .collect();
         Overview {
             now: NOW,
@@ -560,13 +577,13 @@ mod tests {
 Pooler at 04:33 (UTC+00:00; times are local)
 
 Providers
-  claude  blocked (held): serves again 06:43 (in 2 h 10 m)  0 of 2 accounts serving, 1 enabled
+  claude  blocked (held): serves again 06:43 (in 2 h 10 m)  0 of 2 accounts serving, 1 enabled, new conversations: spread
 
 Accounts
   claude  Key A  acc_a  held  serves again 06:43 (in 2 h 10 m)  2 pinned sessions
           why: held after a rate limit (Retry-After)
           5h         [########------------]  40%  resets 2025-12-03 07:33 (in 1 d 3 h)
-  claude  Key B  acc_b  disabled
+  claude  Key B  acc_b  disabled  [last-resort, ≤ 4 in flight]
           why: disabled by a person
 
 Threads

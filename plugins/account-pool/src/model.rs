@@ -220,6 +220,72 @@ impl AccountStatus {
     }
 }
 
+/// How the pool may use one account beyond its credential (the WIT `account-options`).
+/// The defaults change nothing: not last-resort, extra usage denied, no in-flight limit,
+/// no preserve ceiling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AccountOptions {
+    /// Used only when no other account of the provider is eligible.
+    pub last_resort: bool,
+    /// Whether paid extra usage (Claude overage, Codex credits) may cover a spent window.
+    pub extra_usage: bool,
+    /// The most requests in flight on the account at once; 0: no limit.
+    pub max_in_flight: u32,
+    /// The weekly utilization (a fraction > 0 and ≤ 1) from which the account takes no
+    /// new conversation while another account can; 1: no ceiling.
+    pub preserve: f64,
+}
+
+impl Default for AccountOptions {
+    fn default() -> Self {
+        AccountOptions {
+            last_resort: false,
+            extra_usage: false,
+            max_in_flight: 0,
+            preserve: 1.0,
+        }
+    }
+}
+
+/// A change of an account's options: a field left `None` keeps its value.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OptionsChange {
+    pub last_resort: Option<bool>,
+    pub extra_usage: Option<bool>,
+    pub max_in_flight: Option<u32>,
+    pub preserve: Option<f64>,
+}
+
+impl OptionsChange {
+    /// The options after the change; an error naming the field when a value is out of
+    /// range (nothing changes then).
+    pub fn apply(&self, to: AccountOptions) -> Result<AccountOptions, String> {
+        if let Some(p) = self.preserve
+            && !(p.is_finite() && p > 0.0 && p <= 1.0)
+        {
+            return Err(format!(
+                "preserve must be a fraction > 0 and ≤ 1 (1: no ceiling), got {p}"
+            ));
+        }
+        if let Some(n) = self.max_in_flight
+            && n > MAX_IN_FLIGHT_LIMIT
+        {
+            return Err(format!(
+                "max-in-flight must be 0 (no limit) to {MAX_IN_FLIGHT_LIMIT}, got {n}"
+            ));
+        }
+        Ok(AccountOptions {
+            last_resort: self.last_resort.unwrap_or(to.last_resort),
+            extra_usage: self.extra_usage.unwrap_or(to.extra_usage),
+            max_in_flight: self.max_in_flight.unwrap_or(to.max_in_flight),
+            preserve: self.preserve.unwrap_or(to.preserve),
+        })
+    }
+}
+
+/// The largest per-account in-flight limit accepted.
+pub const MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
+
 /// Causes of an availability change: the kit's, shared with every plugin.
 pub use pooler_plugin_kit::cause::ChangeCause;
 

@@ -1,13 +1,14 @@
 //! The pool's decisions as pure functions over plain values: eligibility with the soft
-//! switch threshold (#6169), derived status, the choice of account, the per-attempt
-//! outcome table (spec §4), the pin and cursor commit rule (spec §5, #6990) and the one
-//! verdict that yields both the pool's 429 `Retry-After` and the availability answer
-//! (spec §7, §9).
+//! switch threshold (#6169), derived status, the routing strategies' ranking of accounts
+//! for new and moving conversations (with last-resort and preserved accounts kept back and
+//! placements spread), the choice of account, the per-attempt outcome table (spec §4), the
+//! pin and cursor commit rule (spec §5, #6990) and the one verdict that yields both the
+//! pool's 429 `Retry-After` and the availability answer (spec §7, §9).
 
 use crate::http::PoolError;
 use crate::model::{
-    AccountStatus, Availability, BlockCause, CredentialKind, Family, HoldKind, Provider,
-    UnavailableReason,
+    AccountOptions, AccountStatus, Availability, BlockCause, CredentialKind, Family, HoldKind,
+    Provider, UnavailableReason,
 };
 use crate::quota::{BlockingReset, Observation, QuotaState};
 
@@ -32,6 +33,8 @@ pub struct AccountState {
     pub refresh_retry_at: Option<u64>,
     /// When it last served, as stored (to a second; see `store::TOUCH_GRANULARITY_MS`).
     pub last_used_at: Option<u64>,
+    /// The person's per-account options (last-resort, extra usage, limits).
+    pub options: AccountOptions,
 }
 
 impl AccountState {
@@ -83,6 +86,110 @@ pub enum Tier {
 impl Tier {
     pub fn eligible(self) -> bool {
         !matches!(self, Tier::Refused(_))
+    }
+}
+
+/// How a new conversation (or one that must move) chooses among eligible accounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// The provider's cursor account until it is refused, then the next in order.
+    FillFirst,
+    /// The account with the most capacity left (its tightest 5-hour or weekly window),
+    /// shared with the conversations already on it.
+    Spread,
+    /// The account whose weekly quota left per hour until that window resets is highest
+    /// (what would expire unused first), sparing accounts whose 5-hour window is nearly
+    /// spent.
+    SoonestReset,
+}
+
+impl Strategy {
+    /// The strategy of a provider nobody configured.
+    pub const DEFAULT: Strategy = Strategy::FillFirst;
+
+    /// Every strategy, in the order the settings list them.
+    pub const ALL: [Strategy; 3] = [
+        Strategy::FillFirst,
+        Strategy::Spread,
+        Strategy::SoonestReset,
+    ];
+
+    /// The setting's word.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Strategy::FillFirst => "fill-first",
+            Strategy::Spread => "spread",
+            Strategy::SoonestReset => "soonest-reset",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Strategy> {
+        Self::ALL.into_iter().find(|s| s.as_str() == word)
+    }
+
+    /// Whether it ranks accounts (and so spreads placements); fill-first follows the
+    /// cursor.
+    pub fn ranks(self) -> bool {
+        self != Strategy::FillFirst
+    }
+}
+
+/// Below this share left of its 5-hour window, an account's soonest-reset rank shrinks in
+/// proportion, to nothing at a spent window: quota about to expire is spent first, but
+/// not by driving one account into its 5-hour wall.
+pub const SHORT_WINDOW_GUARD: f64 = 0.25;
+
+/// The hours until a weekly reset are counted as at least this (an account resetting in a
+/// minute would otherwise outrank everything by orders of magnitude).
+const MIN_HOURS_TO_RESET: f64 = 0.25;
+
+/// The hours until the weekly reset of an account whose weekly window was never observed.
+const UNKNOWN_HOURS_TO_RESET: f64 = 168.0;
+
+/// How much `strategy` wants `account` for a new conversation of `family` before the
+/// conversations already on it are counted (higher first; ties and fill-first: 0).
+pub fn capacity(
+    strategy: Strategy,
+    account: &AccountState,
+    family: Option<Family>,
+    now: u64,
+) -> f64 {
+    let q = &account.quota;
+    match strategy {
+        Strategy::FillFirst => 0.0,
+        Strategy::Spread => q.remaining(family, now),
+        Strategy::SoonestReset => {
+            let (left, reset) = q.weekly_left(family, now);
+            let hours = reset.map_or(UNKNOWN_HOURS_TO_RESET, |t| {
+                t.saturating_sub(now) as f64 / 3_600_000.0
+            });
+            let per_hour = left / hours.max(MIN_HOURS_TO_RESET);
+            per_hour * (q.short_left(now) / SHORT_WINDOW_GUARD).min(1.0)
+        }
+    }
+}
+
+/// Whether an eligible account is kept back from new conversations (and detours) while a
+/// better one can serve, and why. Ordered: the first is the best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Standby {
+    /// Takes new conversations.
+    No,
+    /// At or over its `preserve` ceiling of weekly utilization.
+    Preserved,
+    /// Flagged last-resort.
+    LastResort,
+}
+
+/// The standby class of `account` now.
+pub fn standby(account: &AccountState, now: u64) -> Standby {
+    let o = &account.options;
+    if o.last_resort {
+        Standby::LastResort
+    } else if o.preserve < 1.0 && account.quota.weekly_utilization(now) >= o.preserve {
+        Standby::Preserved
+    } else {
+        Standby::No
     }
 }
 
@@ -237,6 +344,29 @@ pub struct Candidate {
     pub id: String,
     pub tier: Tier,
     pub held: bool,
+    /// Kept back from new conversations and detours while a better account can serve.
+    pub standby: Standby,
+    /// The strategy's [`capacity`] of the account (ranking strategies only).
+    pub score: f64,
+    /// Conversations pinned to it now (read only when a conversation is placed).
+    pub live: u32,
+    /// New or moving conversations placed on it within the last minute (likewise).
+    pub recent: u32,
+}
+
+impl Candidate {
+    /// A candidate with no standby, score or load: what fill-first and detours look at.
+    pub fn plain(id: &str, tier: Tier, held: bool) -> Self {
+        Candidate {
+            id: id.to_owned(),
+            tier,
+            held,
+            standby: Standby::No,
+            score: 0.0,
+            live: 0,
+            recent: 0,
+        }
+    }
 }
 
 /// Why an account was chosen.
@@ -246,10 +376,12 @@ pub enum Role {
     Pinned,
     /// The parent session's account (a child without a pin of its own).
     Inherited,
-    /// The provider's cursor (a new conversation).
+    /// The provider's cursor (a new conversation, fill-first).
     Cursor,
     /// The next eligible account in priority order.
     Next,
+    /// Ranked first by the routing strategy (a new or moving conversation).
+    Strategy,
 }
 
 /// The inputs of one selection step.
@@ -261,45 +393,94 @@ pub struct Selection<'a> {
     pub inherited: Option<&'a str>,
     pub cursor: Option<&'a str>,
     pub previous: Option<&'a str>,
+    /// The conversation is being placed: it is new (no pin, or a pin this request claimed)
+    /// or its pinned account is gone for a lasting reason. Otherwise a choice other than
+    /// the pin is a detour.
+    pub placing: bool,
+    pub strategy: Strategy,
 }
 
 /// Choose the next account to try (spec §3): the pin (returned even when held: the caller
-/// waits out a short hold or detours); else the inherited parent account; else, for a new
-/// conversation, the cursor; else the next eligible account after the last one tried, in
-/// priority order, wrapping. Preferred accounts come before reserve ones everywhere but
-/// the pin and the parent.
+/// waits out a short hold or detours); else the inherited parent account; else, for a
+/// conversation being placed, the strategy's choice (fill-first: the cursor, then the next
+/// in order); else (a detour, or fill-first past the cursor) the next eligible account
+/// after the last one tried, in priority order, wrapping. Everywhere but the pin, accounts
+/// a person keeps back (last-resort, over their `preserve` ceiling) come after every other
+/// eligible account, and preferred accounts before reserve ones.
 pub fn choose(sel: Selection<'_>) -> Option<(String, Role)> {
     let c = sel.candidates;
     let open = |x: &Candidate| x.tier.eligible() && !sel.attempted.contains(&x.id);
+    let usable = |x: &Candidate| open(x) && !x.held;
     let find = |id: Option<&str>| id.and_then(|id| c.iter().find(|x| x.id == id));
 
     if let Some(p) = find(sel.pinned).filter(|x| open(x)) {
         return Some((p.id.clone(), Role::Pinned));
     }
+    let best = c.iter().filter(|x| usable(x)).map(|x| x.standby).min()?;
     if sel.pinned.is_none()
-        && let Some(i) = find(sel.inherited).filter(|x| open(x) && !x.held)
+        && let Some(i) = find(sel.inherited).filter(|x| usable(x) && x.standby == best)
     {
         return Some((i.id.clone(), Role::Inherited));
     }
     let fresh = sel.pinned.is_none() && sel.previous.is_none();
     let anchor = sel.previous.or(sel.pinned).or(sel.cursor);
-    for want in [Tier::Preferred, Tier::Reserve] {
-        if fresh
-            && let Some(cur) = find(sel.cursor).filter(|x| open(x) && !x.held && x.tier == want)
-        {
-            return Some((cur.id.clone(), Role::Cursor));
-        }
-        let start = anchor
-            .and_then(|a| c.iter().position(|x| x.id == a))
-            .map_or(0, |i| i + 1);
-        for k in 0..c.len() {
-            let x = &c[(start + k) % c.len()];
-            if open(x) && !x.held && x.tier == want {
-                return Some((x.id.clone(), Role::Next));
+    for standby in [Standby::No, Standby::Preserved, Standby::LastResort] {
+        for want in [Tier::Preferred, Tier::Reserve] {
+            let class = |x: &Candidate| usable(x) && x.standby == standby && x.tier == want;
+            if sel.placing && sel.strategy.ranks() {
+                if let Some(x) = ranked(c.iter().filter(|x| class(x))) {
+                    return Some((x.id.clone(), Role::Strategy));
+                }
+                continue;
+            }
+            if fresh && let Some(cur) = find(sel.cursor).filter(|x| class(x)) {
+                return Some((cur.id.clone(), Role::Cursor));
+            }
+            let start = anchor
+                .and_then(|a| c.iter().position(|x| x.id == a))
+                .map_or(0, |i| i + 1);
+            for k in 0..c.len() {
+                let x = &c[(start + k) % c.len()];
+                if class(x) {
+                    return Some((x.id.clone(), Role::Next));
+                }
             }
         }
     }
     None
+}
+
+/// The strategy's pick among accounts of one class, in priority order. Accounts that took
+/// their fair share of the placements of the last minute (the group's placements, plus
+/// this one, over the group's size, rounded up) wait while another has not: conversations
+/// that start or move together spread instead of herding. Among the rest, the highest
+/// capacity shared with the conversations already there (`score / (1 + live)`), then the
+/// fewest conversations, then priority order.
+pub fn ranked<'c>(group: impl Iterator<Item = &'c Candidate> + Clone) -> Option<&'c Candidate> {
+    let n = group.clone().count() as u32;
+    if n == 0 {
+        return None;
+    }
+    let placed: u32 = group.clone().map(|x| x.recent).sum();
+    let share = (placed + 1).div_ceil(n);
+    let key = |x: &Candidate| (x.recent < share, x.score / f64::from(1 + x.live), x.live);
+    let mut best: Option<&Candidate> = None;
+    for x in group {
+        let better = match best {
+            None => true,
+            Some(b) => {
+                let ((xs, xc, xl), (bs, bc, bl)) = (key(x), key(b));
+                xs.cmp(&bs)
+                    .then(xc.total_cmp(&bc))
+                    .then(bl.cmp(&xl))
+                    .is_gt()
+            }
+        };
+        if better {
+            best = Some(x);
+        }
+    }
+    best
 }
 
 /// What one upstream response means (spec §4).
@@ -331,6 +512,30 @@ pub fn classify(status: u16, obs: &Observation, family: Option<Family>, now: u64
         401 | 403 => Classified::AuthRefused,
         408 | 500 | 502 | 503 | 504 | 529 => Classified::Transient,
         _ => Classified::PassThrough,
+    }
+}
+
+/// Whether a refused answer (`status`, the start of its `body`) is the provider's billing
+/// refusing the account rather than the request: a subscription's extra usage spent, or
+/// required and not on ("You're out of extra usage…", "Third-party apps now draw from
+/// your extra usage…"), an API organisation's prepaid credits spent ("Your credit balance
+/// is too low…"), a `billing_error`, or 402. Such an answer is never passed through: the
+/// account is refused for the request's family (`docs/extra-usage.md` says which of these
+/// shapes are observed and which assumed).
+pub fn billing_refusal(status: u16, body: &[u8]) -> bool {
+    const MESSAGES: [&str; 4] = [
+        "out of extra usage",
+        "draw from your extra usage",
+        "credit balance is too low",
+        "billing_error",
+    ];
+    match status {
+        402 => true,
+        400 => {
+            let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+            MESSAGES.iter().any(|m| text.contains(m))
+        }
+        _ => false,
     }
 }
 
@@ -507,6 +712,7 @@ mod tests {
             token_expires_at: None,
             refresh_retry_at: None,
             last_used_at: None,
+            options: AccountOptions::default(),
         }
     }
 
@@ -741,11 +947,7 @@ mod tests {
 
     fn cands(spec: &[(&str, Tier, bool)]) -> Vec<Candidate> {
         spec.iter()
-            .map(|(id, tier, held)| Candidate {
-                id: (*id).into(),
-                tier: *tier,
-                held: *held,
-            })
+            .map(|(id, tier, held)| Candidate::plain(id, *tier, *held))
             .collect()
     }
 
@@ -866,6 +1068,8 @@ mod tests {
                 inherited,
                 cursor,
                 previous,
+                placing: pinned.is_none(),
+                strategy: Strategy::FillFirst,
             });
             assert_eq!(
                 got.as_ref().map(|(id, r)| (id.as_str(), *r)),
@@ -873,6 +1077,406 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    const H: u64 = 3_600_000;
+
+    /// A candidate as a ranking strategy sees it.
+    fn ranked_cand(a: &AccountState, strategy: Strategy, live: u32, recent: u32) -> Candidate {
+        Candidate {
+            id: a.id.clone(),
+            tier: tier(a, None, T, NOW),
+            held: a.held(NOW),
+            standby: standby(a, NOW),
+            score: capacity(strategy, a, None, NOW),
+            live,
+            recent,
+        }
+    }
+
+    /// The account a new conversation is placed on.
+    fn place(candidates: &[Candidate], strategy: Strategy) -> Option<String> {
+        choose(Selection {
+            candidates,
+            attempted: &[],
+            pinned: None,
+            inherited: None,
+            cursor: candidates.first().map(|c| c.id.as_str()),
+            previous: None,
+            placing: true,
+            strategy,
+        })
+        .map(|(id, role)| {
+            assert_eq!(role, Role::Strategy, "{id}");
+            id
+        })
+    }
+
+    fn windows(id: &str, ws: Vec<Window>) -> AccountState {
+        let mut a = acct(id);
+        a.quota.windows = ws;
+        a
+    }
+
+    /// spread: the most capacity left in the tightest window a request draws on (5-hour
+    /// or weekly); never-observed accounts count as full; ties go by priority order.
+    #[test]
+    fn spread_ranks_accounts_by_the_capacity_their_tightest_window_has_left() {
+        let s = Strategy::Spread;
+        let a = windows(
+            "a",
+            vec![
+                window("5h", None, 0.7, "allowed", Some(NOW + H)),
+                window("7d", None, 0.1, "allowed", Some(NOW + 48 * H)),
+            ],
+        );
+        let b = windows(
+            "b",
+            vec![
+                window("5h", None, 0.1, "allowed", Some(NOW + H)),
+                window("7d", None, 0.5, "allowed", Some(NOW + 48 * H)),
+            ],
+        );
+        let c = acct("c");
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(close(capacity(s, &a, None, NOW), 0.3));
+        assert!(close(capacity(s, &b, None, NOW), 0.5));
+        assert_eq!(capacity(s, &c, None, NOW), 1.0);
+        let all = [&a, &b, &c].map(|x| ranked_cand(x, s, 0, 0));
+        assert_eq!(place(&all, s).as_deref(), Some("c"));
+        assert_eq!(place(&all[..2], s).as_deref(), Some("b"));
+        let equal = [acct("x"), acct("y")].map(|x| ranked_cand(&x, s, 0, 0));
+        assert_eq!(place(&equal, s).as_deref(), Some("x"), "priority order");
+        // A reserve account (over the switch threshold) only when nothing is preferred.
+        let near = windows(
+            "n",
+            vec![window("5h", None, 0.99, "allowed", Some(NOW + H))],
+        );
+        let pair = [ranked_cand(&near, s, 0, 0), ranked_cand(&a, s, 5, 0)];
+        assert_eq!(place(&pair, s).as_deref(), Some("a"));
+    }
+
+    /// soonest-reset: weekly quota left per hour until that window resets, so what would
+    /// expire first is spent first; an account whose 5-hour window is nearly spent ranks
+    /// in proportion to what that window has left (none: last).
+    #[test]
+    fn soonest_reset_spends_first_the_weekly_quota_that_expires_first() {
+        let s = Strategy::SoonestReset;
+        let week = |id: &str, used: f64, hours: u64, short_used: f64| {
+            windows(
+                id,
+                vec![
+                    window("5h", None, short_used, "allowed", Some(NOW + 2 * H)),
+                    window("7d", None, used, "allowed", Some(NOW + hours * H)),
+                ],
+            )
+        };
+        let soon = week("soon", 0.4, 24, 0.1);
+        let late = week("late", 0.1, 120, 0.0);
+        let walled = week("walled", 0.4, 24, 0.9);
+        let fresh = acct("fresh");
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(close(capacity(s, &soon, None, NOW), 0.6 / 24.0));
+        assert!(close(capacity(s, &late, None, NOW), 0.9 / 120.0));
+        assert!(close(
+            capacity(s, &walled, None, NOW),
+            0.6 / 24.0 * (0.1 / SHORT_WINDOW_GUARD)
+        ));
+        assert!(close(capacity(s, &fresh, None, NOW), 1.0 / 168.0));
+        let spent_short = windows(
+            "spent",
+            vec![
+                window("5h", None, 0.999, "allowed", Some(NOW + H)),
+                window("7d", None, 0.2, "allowed", Some(NOW + H)),
+            ],
+        );
+        assert!(capacity(s, &spent_short, None, NOW) < 0.01);
+        let all = [&late, &walled, &soon, &fresh].map(|x| ranked_cand(x, s, 0, 0));
+        assert_eq!(place(&all, s).as_deref(), Some("soon"));
+        let no_soon = [&late, &walled, &fresh].map(|x| ranked_cand(x, s, 0, 0));
+        assert_eq!(place(&no_soon, s).as_deref(), Some("walled"));
+        // An account a minute from its reset counts as a quarter of an hour away.
+        let minute = week("minute", 0.5, 0, 0.0);
+        let minute = AccountState {
+            quota: QuotaState {
+                windows: vec![window("7d", None, 0.5, "allowed", Some(NOW + 60_000))],
+                ..QuotaState::default()
+            },
+            ..minute
+        };
+        assert!(close(capacity(s, &minute, None, NOW), 0.5 / 0.25));
+        // The family's own weekly window counts when it is tighter.
+        let mut opus = week("opus", 0.2, 24, 0.0);
+        opus.quota.windows.push(window(
+            "7d_opus",
+            Some(Family::Opus),
+            0.9,
+            "allowed",
+            Some(NOW + 24 * H),
+        ));
+        assert!(close(
+            capacity(s, &opus, Some(Family::Opus), NOW),
+            0.1 / 24.0
+        ));
+        assert!(close(
+            capacity(s, &opus, Some(Family::Sonnet), NOW),
+            0.8 / 24.0
+        ));
+    }
+
+    /// Eight new conversations on seven fresh accounts: none takes more than two, whether
+    /// they start within a minute (the placements of the last minute count) or one by one
+    /// (the conversations on each account count); and eight conversations moving off a
+    /// spent account within a minute take at most their fair share of any one account,
+    /// even when one account has far more capacity left than the rest.
+    #[test]
+    fn placements_spread_no_account_takes_more_than_its_fair_share() {
+        for s in [Strategy::Spread, Strategy::SoonestReset] {
+            let accounts: Vec<AccountState> = (1..=7).map(|i| acct(&format!("a{i}"))).collect();
+            // Within a minute: `recent` grows with each placement.
+            let mut recent = vec![0u32; 7];
+            for _ in 0..8 {
+                let c: Vec<Candidate> = accounts
+                    .iter()
+                    .zip(&recent)
+                    .map(|(a, r)| ranked_cand(a, s, 0, *r))
+                    .collect();
+                let id = place(&c, s).unwrap();
+                recent[accounts.iter().position(|a| a.id == id).unwrap()] += 1;
+            }
+            assert!(
+                recent.iter().all(|n| *n <= 2),
+                "{s:?} within a minute: {recent:?}"
+            );
+            // One by one: `live` grows, `recent` has lapsed.
+            let mut live = vec![0u32; 7];
+            for _ in 0..8 {
+                let c: Vec<Candidate> = accounts
+                    .iter()
+                    .zip(&live)
+                    .map(|(a, l)| ranked_cand(a, s, *l, 0))
+                    .collect();
+                let id = place(&c, s).unwrap();
+                live[accounts.iter().position(|a| a.id == id).unwrap()] += 1;
+            }
+            assert!(live.iter().all(|n| *n <= 2), "{s:?} one by one: {live:?}");
+            // Movers: one account is far ahead of the five others.
+            let mut movers: Vec<AccountState> = (1..=5)
+                .map(|i| {
+                    windows(
+                        &format!("m{i}"),
+                        vec![window("7d", None, 0.7, "allowed", Some(NOW + 100 * H))],
+                    )
+                })
+                .collect();
+            movers.push(windows(
+                "best",
+                vec![window("7d", None, 0.0, "allowed", Some(NOW + 10 * H))],
+            ));
+            let mut recent = vec![0u32; 6];
+            for _ in 0..8 {
+                let c: Vec<Candidate> = movers
+                    .iter()
+                    .zip(&recent)
+                    .map(|(a, r)| ranked_cand(a, s, 0, *r))
+                    .collect();
+                let id = place(&c, s).unwrap();
+                recent[movers.iter().position(|a| a.id == id).unwrap()] += 1;
+            }
+            assert!(recent.iter().all(|n| *n <= 2), "{s:?} movers: {recent:?}");
+            assert_eq!(recent[5], 2, "the best account takes its share first");
+        }
+        assert_eq!(ranked(std::iter::empty::<&Candidate>()), None);
+    }
+
+    /// Last-resort accounts are skipped while any other account is eligible (preferred or
+    /// reserve), used when none is, for new conversations and detours alike; a pinned
+    /// conversation stays on one; a child does not inherit one while another can serve.
+    #[test]
+    fn last_resort_serves_only_when_no_other_account_is_eligible() {
+        let mut lr = acct("lr");
+        lr.options.last_resort = true;
+        assert_eq!(standby(&lr, NOW), Standby::LastResort);
+        let near = windows(
+            "near",
+            vec![window("5h", None, 0.99, "allowed", Some(NOW + H))],
+        );
+        let spent = windows(
+            "spent",
+            vec![window("5h", None, 1.0, "rejected", Some(NOW + H))],
+        );
+        for s in Strategy::ALL {
+            let c = [&lr, &near, &spent].map(|x| ranked_cand(x, s, 0, 0));
+            let pick = |pinned, inherited, placing| {
+                choose(Selection {
+                    candidates: &c,
+                    attempted: &[],
+                    pinned,
+                    inherited,
+                    cursor: Some("lr"),
+                    previous: None,
+                    placing,
+                    strategy: s,
+                })
+                .map(|(id, _)| id)
+            };
+            assert_eq!(pick(None, None, true).as_deref(), Some("near"), "{s:?}");
+            assert_eq!(
+                pick(None, Some("lr"), true).as_deref(),
+                Some("near"),
+                "{s:?}"
+            );
+            assert_eq!(
+                pick(Some("lr"), None, false).as_deref(),
+                Some("lr"),
+                "{s:?}"
+            );
+            assert_eq!(
+                pick(Some("spent"), None, true).as_deref(),
+                Some("near"),
+                "{s:?}"
+            );
+            let c = [&lr, &spent].map(|x| ranked_cand(x, s, 0, 0));
+            let alone = choose(Selection {
+                candidates: &c,
+                attempted: &[],
+                pinned: Some("spent"),
+                inherited: None,
+                cursor: None,
+                previous: None,
+                placing: true,
+                strategy: s,
+            });
+            assert_eq!(alone.map(|(id, _)| id).as_deref(), Some("lr"), "{s:?}");
+            let detour = choose(Selection {
+                candidates: &[ranked_cand(&lr, s, 0, 0), ranked_cand(&near, s, 0, 0)],
+                attempted: &["x".to_owned()],
+                pinned: Some("x"),
+                inherited: None,
+                cursor: None,
+                previous: Some("x"),
+                placing: false,
+                strategy: s,
+            });
+            assert_eq!(detour.map(|(id, _)| id).as_deref(), Some("near"), "{s:?}");
+        }
+    }
+
+    /// `preserve`: at or over its ceiling of weekly utilization an account takes no new
+    /// conversation while another can (a pinned one stays); under it, or when nothing else
+    /// can serve, it does. A ceiling of 1 is none.
+    #[test]
+    fn preserve_keeps_an_account_over_its_ceiling_from_new_conversations() {
+        let mut kept = windows(
+            "kept",
+            vec![window("7d", None, 0.85, "allowed", Some(NOW + H))],
+        );
+        kept.options.preserve = 0.8;
+        assert_eq!(standby(&kept, NOW), Standby::Preserved);
+        assert_eq!(standby(&kept, NOW + H), Standby::No, "the week reset");
+        let mut under = kept.clone();
+        under.options.preserve = 0.9;
+        assert_eq!(standby(&under, NOW), Standby::No);
+        let mut none = kept.clone();
+        none.options.preserve = 1.0;
+        assert_eq!(standby(&none, NOW), Standby::No);
+        let other = windows(
+            "other",
+            vec![window("7d", None, 0.95, "allowed", Some(NOW + H))],
+        );
+        let mut lr = acct("lr");
+        lr.options.last_resort = true;
+        for s in Strategy::ALL {
+            let c = [&kept, &other, &lr].map(|x| ranked_cand(x, s, 0, 0));
+            let placed = choose(Selection {
+                candidates: &c,
+                attempted: &[],
+                pinned: None,
+                inherited: None,
+                cursor: Some("kept"),
+                previous: None,
+                placing: true,
+                strategy: s,
+            });
+            assert_eq!(placed.map(|(id, _)| id).as_deref(), Some("other"), "{s:?}");
+            let c = [&kept, &lr].map(|x| ranked_cand(x, s, 0, 0));
+            let placed = choose(Selection {
+                candidates: &c,
+                attempted: &[],
+                pinned: None,
+                inherited: None,
+                cursor: Some("lr"),
+                previous: None,
+                placing: true,
+                strategy: s,
+            });
+            assert_eq!(
+                placed.map(|(id, _)| id).as_deref(),
+                Some("kept"),
+                "{s:?}: before a last-resort account"
+            );
+            let pinned = choose(Selection {
+                candidates: &[ranked_cand(&kept, s, 0, 0), ranked_cand(&other, s, 0, 0)],
+                attempted: &[],
+                pinned: Some("kept"),
+                inherited: None,
+                cursor: None,
+                previous: None,
+                placing: false,
+                strategy: s,
+            });
+            assert_eq!(pinned, Some(("kept".to_owned(), Role::Pinned)));
+        }
+    }
+
+    /// The provider's billing refusals (observed shapes and the assumed 402), told from
+    /// the 400s a client must see.
+    #[test]
+    fn billing_refusals_are_told_from_other_refusals() {
+        let claude = |message: &str| json_error("invalid_request_error", message);
+        let table = [
+            (
+                400,
+                claude(
+                    "You're out of extra usage. Add more at claude.ai/settings/usage and keep going.",
+                ),
+                true,
+            ),
+            (
+                400,
+                claude("Third-party apps now draw from your extra usage, not your plan limits."),
+                true,
+            ),
+            (
+                400,
+                claude(
+                    "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits.",
+                ),
+                true,
+            ),
+            (400, json_error("billing_error", "Billing problem."), true),
+            (402, String::new(), true),
+            (400, claude("max_tokens: Field required"), false),
+            (
+                400,
+                claude("prompt is too long: 210000 tokens > 200000 maximum"),
+                false,
+            ),
+            (429, claude("You're out of extra usage."), false),
+            (500, claude("credit balance is too low"), false),
+        ];
+        for (status, body, want) in table {
+            assert_eq!(
+                billing_refusal(status, body.as_bytes()),
+                want,
+                "{status} {body}"
+            );
+        }
+    }
+
+    fn json_error(kind: &str, message: &str) -> String {
+        serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+            .to_string()
     }
 
     /// The stored words are the WIT `attempt-outcome` case names, one per outcome, and read

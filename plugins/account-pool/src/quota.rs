@@ -65,6 +65,11 @@ pub fn retry_after_ms(value: Option<&str>, now: u64) -> Option<u64> {
     (delay <= RESET_HORIZON_MS).then_some(delay)
 }
 
+/// The window the pool records when the provider's billing refused an account for a model
+/// family (extra usage spent, or required and not on): scoped to that family, refused
+/// until its reset, whatever extra usage the headers offer.
+pub const EXTRA_USAGE_WINDOW: &str = "extra-usage";
+
 /// One observed quota window.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Window {
@@ -84,11 +89,36 @@ impl Window {
         self.resets_at.is_none_or(|r| r > now)
     }
 
+    /// A weekly window (Claude `7d`, `7d_<bucket>`; Codex `secondary`); the others (Claude
+    /// `5h`, Codex `primary`) are the short windows.
+    pub fn is_weekly(&self) -> bool {
+        self.name == "7d" || self.name == "secondary" || self.name.starts_with("7d_")
+    }
+
+    /// The share of the window left now, 0..=1: all of it once its reset has passed, none
+    /// while it is refused, else 1 − utilization (all of it when no utilization was seen).
+    pub fn left(&self, now: u64) -> f64 {
+        if !self.reset_pending(now) {
+            1.0
+        } else if self.rejected(now) {
+            0.0
+        } else {
+            1.0 - self.utilization.unwrap_or(0.0).clamp(0.0, 1.0)
+        }
+    }
+
     /// Refused by the upstream: status `rejected` or utilization ≥ 1, reset not passed.
     pub fn rejected(&self, now: u64) -> bool {
         self.reset_pending(now)
             && (self.status.as_deref() == Some("rejected")
                 || self.utilization.is_some_and(|u| u >= 1.0))
+    }
+
+    /// Whether the window keeps its account from serving now: refused, and not a family
+    /// window that `extra_usage` covers.
+    pub fn blocks(&self, extra_usage: bool, now: u64) -> bool {
+        self.rejected(now)
+            && (self.family.is_none() || self.name == EXTRA_USAGE_WINDOW || !extra_usage)
     }
 
     /// At or over the switch threshold but not refused: a reserve account (#6169).
@@ -116,6 +146,10 @@ pub struct QuotaState {
     pub credits: Option<bool>,
     pub representative_claim: Option<String>,
     pub restriction: Option<Restriction>,
+    /// The account's own choice, not an observation: whether paid extra usage may cover a
+    /// model-family window its plan has spent (`extra-usage = allow`). Off (`deny`), such a
+    /// window counts as spent whatever the headers allow.
+    pub extra_usage_allowed: bool,
 }
 
 /// When an account will serve again, as far as its quota goes.
@@ -137,9 +171,11 @@ impl QuotaState {
     }
 
     /// Extra usage (paid overage or credits) lets an account serve a family whose window
-    /// is exhausted.
+    /// is exhausted: the account allows it, the upstream offers it, and no restriction
+    /// stands.
     pub fn extra_usage(&self, now: u64) -> bool {
-        !self.restricted(now)
+        self.extra_usage_allowed
+            && !self.restricted(now)
             && (matches!(self.overage.as_deref(), Some("allowed" | "allowed_warning"))
                 || self.credits == Some(true))
     }
@@ -159,9 +195,57 @@ impl QuotaState {
         self.shared().any(|w| w.rejected(now))
     }
 
-    /// The family's own window is refused and no extra usage covers it.
+    /// The family's own window is refused and no extra usage covers it (the provider's
+    /// billing refusal, [`EXTRA_USAGE_WINDOW`], is never covered).
     pub fn family_exhausted(&self, family: Family, now: u64) -> bool {
-        !self.extra_usage(now) && self.scoped(family).any(|w| w.rejected(now))
+        let extra = self.extra_usage(now);
+        self.scoped(family).any(|w| w.blocks(extra, now))
+    }
+
+    /// The share left of the tightest window a request of `family` draws on (the shared
+    /// windows and the family's own), 0..=1; all of it when nothing was observed.
+    pub fn remaining(&self, family: Option<Family>, now: u64) -> f64 {
+        self.windows
+            .iter()
+            .filter(|w| w.family.is_none() || w.family == family)
+            .map(|w| w.left(now))
+            .fold(1.0, f64::min)
+    }
+
+    /// The share left of the tightest weekly window a request of `family` draws on, and
+    /// when the shared weekly window resets (else the family's): what expires unused at
+    /// that reset. `(1.0, None)` when no weekly window was observed.
+    pub fn weekly_left(&self, family: Option<Family>, now: u64) -> (f64, Option<u64>) {
+        let weekly = || {
+            self.windows
+                .iter()
+                .filter(move |w| w.is_weekly() && (w.family.is_none() || w.family == family))
+        };
+        let left = weekly().map(|w| w.left(now)).fold(1.0, f64::min);
+        let pending = |w: &&Window| w.resets_at.filter(|t| *t > now);
+        let reset = weekly()
+            .filter(|w| w.family.is_none())
+            .find_map(|w| pending(&w))
+            .or_else(|| weekly().find_map(|w| pending(&w)));
+        (left, reset)
+    }
+
+    /// The share left of the account's short (5-hour) shared windows: all of it when none
+    /// was observed or its reset has passed.
+    pub fn short_left(&self, now: u64) -> f64 {
+        self.shared()
+            .filter(|w| !w.is_weekly())
+            .map(|w| w.left(now))
+            .fold(1.0, f64::min)
+    }
+
+    /// The utilization of the account's shared weekly window(s) now (0 when none is known,
+    /// or its reset has passed): what a per-account `preserve` ceiling is compared with.
+    pub fn weekly_utilization(&self, now: u64) -> f64 {
+        self.shared()
+            .filter(|w| w.is_weekly())
+            .map(|w| 1.0 - w.left(now))
+            .fold(0.0, f64::max)
     }
 
     /// A shared or (when given) family window is at or over the threshold.
@@ -842,6 +926,7 @@ mod tests {
         let mut q = QuotaState {
             windows: vec![win("7d_opus", Some(Family::Opus), Some(1.0), None, None)],
             overage: Some("allowed".into()),
+            extra_usage_allowed: true,
             ..QuotaState::default()
         };
         assert!(!q.family_exhausted(Family::Opus, NOW));
@@ -855,6 +940,118 @@ mod tests {
         });
         assert!(q.family_exhausted(Family::Opus, NOW));
         assert_eq!(q.blocking_reset(None, NOW), BlockingReset::Unknown);
+    }
+
+    /// `extra-usage = deny` (the default): a family window the upstream would let paid
+    /// overage or credits cover counts as spent all the same; `allow` lets it serve.
+    #[test]
+    fn denied_extra_usage_leaves_a_spent_family_window_spent() {
+        let offered = |overage: Option<&str>, credits: Option<bool>, allowed: bool| QuotaState {
+            windows: vec![win(
+                "7d_opus",
+                Some(Family::Opus),
+                Some(1.0),
+                Some(NOW + 60_000),
+                Some("rejected"),
+            )],
+            overage: overage.map(str::to_owned),
+            credits,
+            extra_usage_allowed: allowed,
+            ..QuotaState::default()
+        };
+        let table = [
+            (Some("allowed"), None, false, true),
+            (Some("allowed_warning"), None, false, true),
+            (None, Some(true), false, true),
+            (Some("allowed"), None, true, false),
+            (Some("allowed_warning"), None, true, false),
+            (None, Some(true), true, false),
+            (Some("rejected"), Some(false), true, true),
+            (None, None, true, true),
+        ];
+        for (overage, credits, allowed, spent) in table {
+            let q = offered(overage, credits, allowed);
+            assert_eq!(
+                q.family_exhausted(Family::Opus, NOW),
+                spent,
+                "{overage:?} {credits:?} allow={allowed}"
+            );
+            let blocks = if spent {
+                BlockingReset::At(NOW + 60_000)
+            } else {
+                BlockingReset::NotBlocked
+            };
+            assert_eq!(q.blocking_reset(Some(Family::Opus), NOW), blocks);
+            assert!(
+                !q.family_exhausted(Family::Sonnet, NOW),
+                "other families serve"
+            );
+        }
+    }
+
+    /// What the routing strategies read: the share left of each window (all of it once
+    /// its reset passed, none while refused), the tightest a request draws on, the weekly
+    /// one with its reset, the short one, and the weekly utilization `preserve` compares.
+    #[test]
+    fn capacity_left_is_read_from_the_windows_as_observed() {
+        let q = QuotaState {
+            windows: vec![
+                win(
+                    "5h",
+                    None,
+                    Some(0.7),
+                    Some(NOW + 3_600_000),
+                    Some("allowed"),
+                ),
+                win(
+                    "7d",
+                    None,
+                    Some(0.4),
+                    Some(NOW + 86_400_000),
+                    Some("allowed"),
+                ),
+                win(
+                    "7d_opus",
+                    Some(Family::Opus),
+                    Some(0.9),
+                    Some(NOW + 86_400_000),
+                    Some("allowed"),
+                ),
+            ],
+            ..QuotaState::default()
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(q.remaining(None, NOW), 0.3));
+        assert!(close(q.remaining(Some(Family::Sonnet), NOW), 0.3));
+        assert!(close(q.remaining(Some(Family::Opus), NOW), 0.1));
+        assert!(
+            close(q.remaining(None, NOW + 3_600_000), 0.6),
+            "the 5-hour window has reset"
+        );
+        let (left, reset) = q.weekly_left(Some(Family::Sonnet), NOW);
+        assert!(close(left, 0.6) && reset == Some(NOW + 86_400_000));
+        assert!(close(q.weekly_left(Some(Family::Opus), NOW).0, 0.1));
+        assert!(close(q.short_left(NOW), 0.3));
+        assert!(close(q.weekly_utilization(NOW), 0.4));
+        assert_eq!(q.weekly_utilization(NOW + 86_400_000), 0.0);
+        let refused = QuotaState {
+            windows: vec![win("primary", None, Some(0.2), None, Some("rejected"))],
+            ..QuotaState::default()
+        };
+        assert_eq!(refused.remaining(None, NOW), 0.0);
+        assert_eq!(refused.short_left(NOW), 0.0);
+        let fresh = QuotaState::default();
+        assert_eq!(fresh.remaining(None, NOW), 1.0);
+        assert_eq!(fresh.weekly_left(None, NOW), (1.0, None));
+        let codex = QuotaState {
+            windows: vec![
+                win("primary", None, Some(0.5), Some(NOW + 1_000), None),
+                win("secondary", None, Some(0.25), Some(NOW + 9_000), None),
+            ],
+            ..QuotaState::default()
+        };
+        assert_eq!(codex.weekly_left(None, NOW), (0.75, Some(NOW + 9_000)));
+        assert_eq!(codex.short_left(NOW), 0.5);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! their canonical text. Values are stored as canonical text in the `settings` table.
 
 use crate::model::Provider;
+use crate::policy::Strategy;
 use pooler_plugin_kit::format::{format_bool, format_duration_ms, parse_bool, parse_duration_ms};
 
 /// One setting's description.
@@ -25,15 +26,29 @@ enum Kind {
     Count(u64, u64),
     /// A comma-separated list of durations (each ≤ the bound), at least one.
     Durations(u64),
+    /// One of these words.
+    Choice(&'static [&'static str]),
 }
 
+/// The routing strategy's words, in the order `--help` lists them.
+const STRATEGIES: &[&str] = &["fill-first", "spread", "soonest-reset"];
+
+/// What a strategy setting says, and the default's word.
+const STRATEGY_HELP: &str = "fill-first: every new conversation goes to the provider's current account until it is refused (the cursor); spread: to the eligible account with the most capacity left across its 5-hour and weekly windows, shared with the conversations already on it; soonest-reset: to the account whose weekly quota left per hour until its reset is highest (quota about to expire is spent first), sparing any account whose 5-hour window is nearly spent. With spread and soonest-reset, conversations that start or move together are spread: no account takes more than its fair share of them within a minute. A pinned conversation stays on its account whatever the strategy.";
+
 /// Every setting, sorted by key.
-pub const SPECS: [Spec; 16] = [
+pub const SPECS: [Spec; 18] = [
     Spec {
         key: "claude-routing",
         default: "on",
         kind: Kind::Bool,
         description: "Whether Claude requests are routed through the pool (on/off).",
+    },
+    Spec {
+        key: "claude-strategy",
+        default: Strategy::DEFAULT.as_str(),
+        kind: Kind::Choice(STRATEGIES),
+        description: STRATEGY_HELP,
     },
     Spec {
         key: "claude-token-url",
@@ -52,6 +67,12 @@ pub const SPECS: [Spec; 16] = [
         default: "on",
         kind: Kind::Bool,
         description: "Whether Codex requests are routed through the pool (on/off).",
+    },
+    Spec {
+        key: "codex-strategy",
+        default: Strategy::DEFAULT.as_str(),
+        kind: Kind::Choice(STRATEGIES),
+        description: STRATEGY_HELP,
     },
     Spec {
         key: "codex-token-url",
@@ -158,6 +179,7 @@ fn accepted(kind: Kind) -> String {
             "one or more comma-separated durations, each from 0s to {}",
             format_duration_ms(hi)
         ),
+        Kind::Choice(words) => format!("one of {}", words.join(", ")),
     }
 }
 
@@ -282,6 +304,11 @@ pub fn canonical(key: &str, value: &str) -> Result<String, SettingError> {
                 _ => Err(invalid()),
             }
         }
+        Kind::Choice(words) => words
+            .iter()
+            .find(|w| w.eq_ignore_ascii_case(v))
+            .map(|w| (*w).to_owned())
+            .ok_or_else(invalid),
     }
 }
 
@@ -294,6 +321,8 @@ pub struct Settings {
     pub codex_token_url: String,
     pub claude_routing: bool,
     pub codex_routing: bool,
+    pub claude_strategy: Strategy,
+    pub codex_strategy: Strategy,
     pub switch_threshold: f64,
     pub inline_wait_ms: u64,
     pub pin_lifetime_ms: u64,
@@ -333,6 +362,8 @@ impl Settings {
             codex_token_url: get("codex-token-url"),
             claude_routing: parse_bool(&get("claude-routing")).unwrap_or(true),
             codex_routing: parse_bool(&get("codex-routing")).unwrap_or(true),
+            claude_strategy: Strategy::parse(&get("claude-strategy")).unwrap_or(Strategy::DEFAULT),
+            codex_strategy: Strategy::parse(&get("codex-strategy")).unwrap_or(Strategy::DEFAULT),
             switch_threshold: get("switch-threshold").parse().unwrap_or(0.98),
             inline_wait_ms: dur("inline-wait"),
             pin_lifetime_ms: dur("pin-lifetime"),
@@ -367,6 +398,14 @@ impl Settings {
         match p {
             Provider::Claude => self.claude_routing,
             Provider::Codex => self.codex_routing,
+        }
+    }
+
+    /// How new and moving conversations of `p` choose an account.
+    pub fn strategy(&self, p: Provider) -> Strategy {
+        match p {
+            Provider::Claude => self.claude_strategy,
+            Provider::Codex => self.codex_strategy,
         }
     }
 
@@ -459,6 +498,8 @@ mod tests {
             ("codex-routing", "maybe"),
             ("usage-refresh", "1s"),
             ("first-event-wait", "31s"),
+            ("claude-strategy", "round-robin"),
+            ("codex-strategy", ""),
         ];
         for (key, value) in table {
             match canonical(key, value) {
@@ -524,6 +565,9 @@ mod tests {
             ),
             ("transient-retries", "0", "0"),
             ("first-event-wait", "0", "0s"),
+            ("claude-strategy", " Spread ", "spread"),
+            ("codex-strategy", "soonest-reset", "soonest-reset"),
+            ("claude-strategy", "FILL-FIRST", "fill-first"),
             (
                 "codex-upstream-url",
                 "https://chatgpt.com:443/backend-api/codex",
@@ -549,5 +593,8 @@ mod tests {
         ]);
         assert_eq!(s.inline_wait_ms, 5_000);
         assert!(!s.routing(Provider::Claude));
+        let s = Settings::from_pairs(&[("codex-strategy".into(), "soonest-reset".into())]);
+        assert_eq!(s.strategy(Provider::Codex), Strategy::SoonestReset);
+        assert_eq!(s.strategy(Provider::Claude), Strategy::DEFAULT);
     }
 }

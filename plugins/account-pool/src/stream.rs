@@ -93,7 +93,8 @@ pub struct Relay<B> {
     /// boxed, as most relays (served answers) go without.
     redact: Option<Box<Redacting>>,
     /// What was read of the body before the relay began, given out first.
-    prefix: Option<Prefix>,
+    /// (Boxed: a response carries its relay, and most relays have none.)
+    prefix: Option<Box<Prefix>>,
 }
 
 /// A relay's redaction.
@@ -120,7 +121,7 @@ impl<B: BodyStream> Relay<B> {
 
     /// Give out `prefix` (read from the body already) before reading on.
     pub fn after(mut self, prefix: Prefix) -> Self {
-        self.prefix = (prefix != Prefix::default()).then_some(prefix);
+        self.prefix = (prefix != Prefix::default()).then(|| Box::new(prefix));
         self
     }
 
@@ -259,6 +260,26 @@ pub async fn read_to_end<B: BodyStream>(body: &mut B, limit: usize) -> Result<Ve
     Ok(out)
 }
 
+/// Read a body until at least `limit` bytes came, it ended or it broke: what was read,
+/// to be relayed after all ([`Relay::after`]).
+pub async fn read_head<B: BodyStream>(body: &mut B, limit: usize) -> Prefix {
+    let mut prefix = Prefix::default();
+    while prefix.bytes.len() < limit {
+        match body.next_chunk().await {
+            Some(Ok(chunk)) => prefix.bytes.extend_from_slice(&chunk),
+            Some(Err(e)) => {
+                prefix.end = BodyEnd::Broke(e);
+                break;
+            }
+            None => {
+                prefix.end = BodyEnd::Ended;
+                break;
+            }
+        }
+    }
+    prefix
+}
+
 /// Read at most `limit` bytes of a body and stop (a failed response's detail).
 pub async fn read_prefix<B: BodyStream>(body: &mut B, limit: usize) -> Vec<u8> {
     let mut out = Vec::new();
@@ -295,6 +316,41 @@ mod tests {
             }
             out
         })
+    }
+
+    /// A body whose start was read to judge it is relayed whole all the same: the chunks
+    /// read first, then the rest, redacted alike.
+    #[test]
+    fn a_read_head_is_relayed_before_the_rest() {
+        let chunks =
+            |parts: &[&str]| Chunks(parts.iter().map(|p| Ok(p.as_bytes().to_vec())).collect());
+        let mut body = chunks(&["{\"a\":", "\"secret-key-1\",", "\"b\":2}"]);
+        let head = futures::executor::block_on(read_head(&mut body, 8));
+        assert_eq!(
+            head.bytes, b"{\"a\":\"secret-key-1\",",
+            "chunks until 8 bytes came"
+        );
+        assert_eq!(head.end, BodyEnd::Open);
+        let relay = Relay::new(body, Provider::Claude, Some("application/json"))
+            .after(head)
+            .redacting(Some(StreamRedactor::new(
+                &crate::model::Credential::ApiKey("secret-key-1".into()),
+            )));
+        let text: Vec<u8> = drain(relay).into_iter().flat_map(Result::unwrap).collect();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.starts_with("{\"a\":") && text.ends_with("\"b\":2}"),
+            "{text}"
+        );
+        assert!(!text.contains("secret-key-1"), "{text}");
+        let mut short = chunks(&["{}"]);
+        let head = futures::executor::block_on(read_head(&mut short, 1024));
+        assert_eq!(head.end, BodyEnd::Ended);
+        let text: Vec<u8> = drain(Relay::new(short, Provider::Claude, None).after(head))
+            .into_iter()
+            .flat_map(Result::unwrap)
+            .collect();
+        assert_eq!(text, b"{}");
     }
 
     #[test]

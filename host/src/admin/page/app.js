@@ -97,6 +97,16 @@ function windowsOf(account, now) {
   return box;
 }
 
+// The options a person set that differ from the defaults, in words.
+function optionsOf(a) {
+  const words = [];
+  if (a.last_resort) words.push("last-resort");
+  if (a.extra_usage === "allow") words.push("extra usage allowed");
+  if (a.max_in_flight > 0) words.push("≤ " + a.max_in_flight + " in flight");
+  if (a.preserve < 1) words.push("preserve " + Math.round(a.preserve * 100) + "%");
+  return words.join(" · ");
+}
+
 function why(account) {
   if (account.error) return account.error;
   if (account.status === "held") return "held after a rate limit";
@@ -143,7 +153,8 @@ function renderProviders(o) {
     box.append(el("div", { class: "card", "data-provider": p.provider },
       el("b", {}, p.provider), " ",
       el("span", { class: "status " + s.kind }, text),
-      el("div", { class: "muted" }, p.serving_accounts + " of " + p.accounts + " accounts serving, " + p.enabled + " enabled")));
+      el("div", { class: "muted" }, p.serving_accounts + " of " + p.accounts + " accounts serving, " + p.enabled + " enabled" +
+        (p.strategy ? " · new conversations: " + p.strategy : ""))));
   }
   if (!box.children.length) box.append(el("span", { class: "muted" }, "no accounts yet"));
 }
@@ -159,7 +170,8 @@ function renderAccounts(o) {
     button.addEventListener("click", () =>
       act(button, "POST", "accounts/" + encodeURIComponent(a.id) + "/" + action, a.label + ": " + action + "d"));
     body.append(el("tr", { "data-account": a.id, "data-status": a.status },
-      el("td", {}, a.label, el("div", { class: "muted" }, el("code", {}, a.id), " · " + a.provider + " · " + a.secret_hint)),
+      el("td", {}, a.label, el("div", { class: "muted" }, el("code", {}, a.id), " · " + a.provider + " · " + a.secret_hint),
+        optionsOf(a) ? el("div", { class: "muted", "data-options": "" }, optionsOf(a)) : null),
       el("td", { class: "status " + a.status }, a.status),
       el("td", {}, windowsOf(a, o.now)),
       el("td", {}, a.blocking_reset ? when(a.blocking_reset, o.now) : a.held_until ? when(a.held_until, o.now) : "—"),

@@ -5,7 +5,8 @@
 use super::Admin;
 use crate::engine::{Cancel, Clock, Log, Random, Upstream, new_id};
 use crate::model::{
-    AccountStatus, ChangeCause, Credential, CredentialKind, Family, OAuthTokens, Provider,
+    AccountOptions, AccountStatus, ChangeCause, Credential, CredentialKind, Family, OAuthTokens,
+    OptionsChange, Provider,
 };
 use crate::oauth;
 use crate::policy::{self, AccountState};
@@ -19,6 +20,8 @@ pub struct NewAccount {
     pub credential: Credential,
     pub label: Option<String>,
     pub priority: Option<i32>,
+    /// Its options; None: the defaults.
+    pub options: Option<AccountOptions>,
 }
 
 /// One quota window as a person sees it.
@@ -52,6 +55,7 @@ pub struct AccountInfo {
     pub token_expires_at: Option<u64>,
     pub windows: Vec<WindowInfo>,
     pub blocking_reset: Option<u64>,
+    pub options: AccountOptions,
 }
 
 /// Why an account operation was refused (mirror of the WIT `accounts-error`).
@@ -63,6 +67,7 @@ pub enum AccountsError {
     InvalidLoginFile(String),
     InvalidLabel(String),
     InvalidOrder(String),
+    InvalidOptions(String),
     RefreshRefused(String),
     UpstreamUnreachable(String),
     Storage(String),
@@ -103,7 +108,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 utilization: w.utilization,
                 resets_at: w.resets_at,
                 status: w.status.clone(),
-                blocking: w.rejected(now) && (w.family.is_none() || !a.quota.extra_usage(now)),
+                blocking: w.blocks(a.quota.extra_usage(now), now),
                 observed_at: w.observed_at,
             })
             .collect();
@@ -124,6 +129,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             token_expires_at: a.token_expires_at,
             windows,
             blocking_reset,
+            options: a.options,
         })
     }
 
@@ -142,8 +148,20 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             credential,
             label,
             priority,
+            options,
         } = new;
         validate_credential(provider, &credential)?;
+        let options = match options {
+            Some(o) => OptionsChange {
+                last_resort: Some(o.last_resort),
+                extra_usage: Some(o.extra_usage),
+                max_in_flight: Some(o.max_in_flight),
+                preserve: Some(o.preserve),
+            }
+            .apply(AccountOptions::default())
+            .map_err(AccountsError::InvalidOptions)?,
+            None => AccountOptions::default(),
+        };
         let label = match label {
             Some(l) if l.trim().is_empty() || l.chars().count() > 200 => {
                 return Err(AccountsError::InvalidLabel(
@@ -164,6 +182,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             &credential,
             &label,
             priority.unwrap_or(0),
+            &options,
             self.env.now(),
         )?;
         self.signal(provider, ChangeCause::AccountAdded)?;
@@ -209,7 +228,30 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             credential: Credential::OAuth(tokens),
             label,
             priority,
+            options: None,
         })
+    }
+
+    /// Change an account's options (fields left None keep theirs). Refused, with nothing
+    /// changed, when a value is out of range. A change of extra usage may change what the
+    /// account can serve: it signals `config-changed`.
+    pub fn update_options(
+        &self,
+        id: &str,
+        change: OptionsChange,
+    ) -> Result<AccountInfo, AccountsError> {
+        let a = self
+            .store
+            .account(id)?
+            .ok_or_else(|| AccountsError::NoSuchAccount(id.to_owned()))?;
+        let options = change
+            .apply(a.options)
+            .map_err(AccountsError::InvalidOptions)?;
+        self.store.set_options(id, &options)?;
+        if options.extra_usage != a.options.extra_usage {
+            self.signal(a.provider, ChangeCause::ConfigChanged)?;
+        }
+        self.account_info(id)
     }
 
     pub fn remove(&self, id: &str) -> Result<(), AccountsError> {

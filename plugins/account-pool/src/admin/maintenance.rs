@@ -17,8 +17,10 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 {
     /// The host started (`maintenance.on-start`): drop the OAuth refresh leases its
     /// predecessor's calls held, so a refresh that died with that process does not keep
-    /// the account unrefreshed for the rest of its lease.
+    /// the account unrefreshed for the rest of its lease; and end the in-flight leases of
+    /// its requests, none of which is in flight any more.
     pub fn start(&self, now: u64) -> Result<(), DbError> {
+        self.store.end_flight_leases()?;
         let dropped = self.store.drop_leases()?;
         if dropped > 0 {
             self.env.log(

@@ -7,6 +7,32 @@ use super::{Component, provider_in, provider_out, with_admin};
 use crate::admin::{self, NewAccount};
 use crate::model;
 
+fn extra_usage_out(allow: bool) -> accounts::ExtraUsage {
+    if allow {
+        accounts::ExtraUsage::Allow
+    } else {
+        accounts::ExtraUsage::Deny
+    }
+}
+
+fn options_out(o: model::AccountOptions) -> accounts::AccountOptions {
+    accounts::AccountOptions {
+        last_resort: o.last_resort,
+        extra_usage: extra_usage_out(o.extra_usage),
+        max_in_flight: o.max_in_flight,
+        preserve: o.preserve,
+    }
+}
+
+fn options_in(o: accounts::AccountOptions) -> model::AccountOptions {
+    model::AccountOptions {
+        last_resort: o.last_resort,
+        extra_usage: o.extra_usage == accounts::ExtraUsage::Allow,
+        max_in_flight: o.max_in_flight,
+        preserve: o.preserve,
+    }
+}
+
 fn account_out(a: admin::AccountInfo) -> accounts::AccountInfo {
     accounts::AccountInfo {
         id: a.id,
@@ -47,6 +73,7 @@ fn account_out(a: admin::AccountInfo) -> accounts::AccountInfo {
             })
             .collect(),
         blocking_reset: a.blocking_reset,
+        options: options_out(a.options),
     }
 }
 
@@ -59,6 +86,7 @@ fn accounts_error(e: admin::AccountsError) -> accounts::AccountsError {
         A::InvalidLoginFile(m) => accounts::AccountsError::InvalidLoginFile(m),
         A::InvalidLabel(m) => accounts::AccountsError::InvalidLabel(m),
         A::InvalidOrder(m) => accounts::AccountsError::InvalidOrder(m),
+        A::InvalidOptions(m) => accounts::AccountsError::InvalidOptions(m),
         A::RefreshRefused(m) => accounts::AccountsError::RefreshRefused(m),
         A::UpstreamUnreachable(m) => accounts::AccountsError::UpstreamUnreachable(m),
         A::Storage(m) => accounts::AccountsError::Storage(m),
@@ -87,6 +115,7 @@ impl accounts::Guest for Component {
             credential,
             label: account.label,
             priority: account.priority,
+            options: account.options.map(options_in),
         };
         with_admin(accounts::AccountsError::Storage, |a| {
             a.add(new).map(account_out).map_err(accounts_error)
@@ -153,6 +182,23 @@ impl accounts::Guest for Component {
         let credential = credential_in(credential);
         with_admin(accounts::AccountsError::Storage, |a| {
             a.update_credential(&id, credential)
+                .map(account_out)
+                .map_err(accounts_error)
+        })
+    }
+
+    fn update_options(
+        id: String,
+        change: accounts::OptionsChange,
+    ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
+        let change = model::OptionsChange {
+            last_resort: change.last_resort,
+            extra_usage: change.extra_usage.map(|e| e == accounts::ExtraUsage::Allow),
+            max_in_flight: change.max_in_flight,
+            preserve: change.preserve,
+        };
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.update_options(&id, change)
                 .map(account_out)
                 .map_err(accounts_error)
         })

@@ -294,21 +294,38 @@ async fn drain(body: &mut IncomingBody, limit: u64) {
     }
 }
 
+/// An in-flight lease held while an answer is relayed: ended when the relay ends or is
+/// dropped (the client went away), on a connection of its own.
+struct Flight(Option<String>);
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take()
+            && let Ok(db) = WitDb::open(DATABASE)
+        {
+            // Not ended here, it expires by itself.
+            let _ = engine::end_flight(&db, &lease);
+        }
+    }
+}
+
 /// The engine's response as wstd's: a body the pool made, or the upstream's relayed.
 fn to_wstd(response: engine::Response<WasiBody>) -> Response<Body> {
     let mut b = Response::builder().status(response.status);
     for (n, v) in response.headers.iter() {
         b = b.header(n, v);
     }
+    let flight = Flight(response.lease);
     let body = match response.body {
         engine::Body::Full(bytes) => Body::from(bytes),
-        engine::Body::Stream(relay) => {
-            Body::from_try_stream(futures_lite::stream::unfold(relay, |mut r| async move {
+        engine::Body::Stream(relay) => Body::from_try_stream(futures_lite::stream::unfold(
+            (relay, flight),
+            |(mut r, flight)| async move {
                 engine::relay_next(&mut r, &WasiEnv)
                     .await
-                    .map(|chunk| (chunk.map_err(StreamBroke), r))
-            }))
-        }
+                    .map(|chunk| (chunk.map_err(StreamBroke), (r, flight)))
+            },
+        )),
     };
     b.body(body).unwrap_or_else(|_| {
         pool_response(&PoolError::pool(

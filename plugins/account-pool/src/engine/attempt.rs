@@ -10,9 +10,9 @@ use super::{
 };
 use crate::first_event::{FirstEvent, OpeningFailure, Verdict};
 use crate::http::{self, Headers, PoolError};
-use crate::model::{ChangeCause, Credential, HoldKind, OAuthTokens, Provider};
+use crate::model::{ChangeCause, Credential, Family, HoldKind, OAuthTokens, Provider};
 use crate::policy::{self, AccountState, AttemptOutcome, Classified};
-use crate::quota;
+use crate::quota::{self, EXTRA_USAGE_WINDOW, Observation, Restriction, Window};
 use crate::redact::{Redactor, StreamRedactor};
 use crate::settings::Settings;
 use crate::stream::{self, BodyEnd, BodyStream, Prefix};
@@ -26,6 +26,13 @@ const DETAIL_LIMIT: usize = 1024;
 /// Messages API `message_start` is about 1 KiB, the Responses API's announcement echoes
 /// the request's instructions and tools. Past it the stream is relayed as it comes.
 pub(super) const FIRST_EVENT_LIMIT: usize = 256 << 10;
+/// How much of a 400 or 402 is read to tell the provider's billing refusal from a refusal
+/// of the request (the billing texts come first in a short error envelope).
+const BILLING_PEEK: usize = 4096;
+
+/// How long an account the billing refused for a family (no reset given) is left alone
+/// before the pool tries it again (assumed: the provider says nothing of when).
+const BILLING_RECHECK_MS: u64 = 3_600_000;
 
 /// What one attempt on one account came to.
 pub(super) enum Attempt<B> {
@@ -277,12 +284,33 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 redact: None,
                 prefix,
             })),
-            Classified::PassThrough => Ok(Next::Done(Attempt::Respond {
-                response,
-                served: false,
-                redact: Some(StreamRedactor::new(credential)),
-                prefix,
-            })),
+            Classified::PassThrough => {
+                if matches!(response.status, 400 | 402) {
+                    let Raced::Done(read) = unless_gone(
+                        self.env,
+                        stream::read_head(&mut response.body, BILLING_PEEK),
+                    )
+                    .await
+                    else {
+                        return Ok(Next::Done(Attempt::Cancelled {
+                            status: tries.status,
+                        }));
+                    };
+                    if policy::billing_refusal(response.status, &read.bytes) {
+                        let failure = billing_failure(&response, &read.bytes, &redactor, now);
+                        return self
+                            .billing_refused(ctx, id, credential, &response.headers, failure, now)
+                            .map(Next::Done);
+                    }
+                    prefix = read;
+                }
+                Ok(Next::Done(Attempt::Respond {
+                    response,
+                    served: false,
+                    redact: Some(StreamRedactor::new(credential)),
+                    prefix,
+                }))
+            }
             Classified::Quota => failed(AttemptOutcome::Quota, None),
             Classified::Family => failed(AttemptOutcome::Family, None),
             Classified::Transient => {
@@ -405,6 +433,86 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             timer.as_mut().poll(cx).map(|()| Waited::TimedOut)
         })
         .await
+    }
+
+    /// The provider's billing refused the account (not the request): a lasting refusal,
+    /// so the conversation fails over and moves. An API key's organisation is out of
+    /// credits: the account is in error until a person acts. A subscription's extra usage
+    /// is spent (or required and off): the account is refused for the request's family
+    /// until the reset the answer gives (else for [`BILLING_RECHECK_MS`]), whatever extra
+    /// usage the headers offer; a request without a family (Codex) refuses the account.
+    fn billing_refused(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &str,
+        credential: &Credential,
+        headers: &Headers,
+        failure: PoolError,
+        now: u64,
+    ) -> Result<Attempt<U::Body>, DbError> {
+        let s = ctx.settings;
+        let upstream = ctx.provider.upstream_name();
+        if let Credential::ApiKey(_) = credential {
+            let text = format!(
+                "{upstream} refused the account for billing: {}",
+                failure.message
+            );
+            if self.store.set_error(id, &text)? {
+                self.store
+                    .push_signal(ctx.provider, ChangeCause::ErrorSet, now)?;
+            }
+        } else {
+            let until = headers
+                .get("anthropic-ratelimit-unified-reset")
+                .and_then(quota::parse_reset)
+                .filter(|t| {
+                    *t > now && *t <= now.saturating_add(pooler_plugin_kit::time::RESET_HORIZON_MS)
+                })
+                .or_else(|| {
+                    failure
+                        .retry_after_secs
+                        .map(|secs| after(now, secs.saturating_mul(1000)))
+                })
+                .unwrap_or_else(|| after(now, BILLING_RECHECK_MS));
+            let reason = format!("{upstream} billing: {}", failure.message);
+            let obs = match ctx.family {
+                Some(family) => Observation {
+                    windows: vec![Window {
+                        name: EXTRA_USAGE_WINDOW.to_owned(),
+                        family: Some(family),
+                        utilization: Some(1.0),
+                        resets_at: Some(until),
+                        status: Some("rejected".to_owned()),
+                        observed_at: now,
+                    }],
+                    ..Observation::default()
+                },
+                None => Observation {
+                    restriction: Some(Restriction {
+                        reason,
+                        resets_at: Some(until),
+                    }),
+                    ..Observation::default()
+                },
+            };
+            self.observe(ctx.provider, id, &obs, s.switch_threshold, now)?;
+        }
+        self.env.log(
+            Level::Info,
+            "Account Pooler account refused by the provider's billing; failing over",
+            &[
+                ("provider", ctx.provider.to_string()),
+                ("account", id.to_owned()),
+                (
+                    "family",
+                    ctx.family.map_or("any", Family::as_str).to_owned(),
+                ),
+            ],
+        );
+        Ok(Attempt::Failed {
+            outcome: AttemptOutcome::Quota,
+            failure: Some(failure),
+        })
     }
 
     /// After a transient failure: the same account again once the backoff allows, else
@@ -658,6 +766,27 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             body: ctx.req.body.clone(),
             deadlines: Deadlines::MODEL,
         }
+    }
+}
+
+/// A billing refusal as the client would see it if nothing else serves: its status, its
+/// detail (the credential taken out) and its Retry-After.
+fn billing_failure<B>(
+    response: &UpstreamResponse<B>,
+    body: &[u8],
+    redactor: &Redactor<'_>,
+    now: u64,
+) -> PoolError {
+    let body = &body[..body.len().min(DETAIL_LIMIT)];
+    let message = http::upstream_detail(body)
+        .map(|m| redactor.redact(&m).into_owned())
+        .unwrap_or_else(|| format!("upstream returned HTTP {}.", response.status));
+    PoolError {
+        status: response.status,
+        message,
+        retry_after_secs: quota::retry_after_ms(response.headers.get("retry-after"), now)
+            .map(|ms| ms.div_ceil(1000).max(1)),
+        pool_origin: false,
     }
 }
 

@@ -131,6 +131,10 @@ pub struct Response<B> {
     pub status: u16,
     pub headers: Headers,
     pub body: Body<B>,
+    /// The in-flight lease of the account whose answer this is (an account with an
+    /// in-flight limit): the caller ends it ([`end_flight`]) once the body has been relayed
+    /// or dropped. Left unended, it expires by itself ([`crate::store::FLIGHT_LEASE_MS`]).
+    pub lease: Option<String>,
 }
 
 impl<B> Response<B> {
@@ -139,8 +143,14 @@ impl<B> Response<B> {
             status: e.status,
             headers: e.headers(),
             body: Body::Full(e.body(provider)),
+            lease: None,
         }
     }
+}
+
+/// End the in-flight lease a [`Response`] carried, once its body is relayed or dropped.
+pub fn end_flight(db: &impl Db, lease: &str) -> Result<(), pooler_plugin_kit::DbError> {
+    Store::new(db).end_flight_lease(lease)
 }
 
 /// The engine, borrowing its capabilities for one call.

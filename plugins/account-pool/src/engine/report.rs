@@ -5,7 +5,7 @@
 //! The line (message [`REQUEST_MESSAGE`]) has the fields `thread`, `provider`, `session` (a
 //! short hash of the session key, never the key), `account` and `why` (the account that
 //! answered, or the last one chosen, and why it was chosen: `pinned`, `inherited`, `cursor`,
-//! `next`), `attempts` (every upstream call, `account:status:ms` comma-separated; status
+//! `next`, `strategy`), `attempts` (every upstream call, `account:status:ms` comma-separated; status
 //! `transport` when no head came), `outcome`, `status`, `upstream_ms` (time spent waiting for
 //! upstream heads) and `added_ms` (the rest: the pool's own time, waits and backoffs).
 //!
@@ -85,6 +85,7 @@ fn why(role: Role) -> &'static str {
         Role::Inherited => "inherited",
         Role::Cursor => "cursor",
         Role::Next => "next",
+        Role::Strategy => "strategy",
     }
 }
 

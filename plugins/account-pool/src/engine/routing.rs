@@ -1,7 +1,9 @@
 //! Routing: the attempt loop over a provider's accounts. It chooses an account by the
-//! policy, claims a new session's pin, waits out or detours around holds, runs one
-//! [attempt](super::attempt) per account, and commits pins and the cursor by the #6990
-//! rule once one serves; when none serves it answers the failure the client should see.
+//! policy (a new or moving conversation by the provider's strategy, its placement recorded
+//! so concurrent ones spread), claims a new session's pin, waits out or detours around
+//! holds and full in-flight limits, runs one [attempt](super::attempt) per account, and
+//! commits pins and the cursor by the #6990 rule once one serves; when none serves it
+//! answers the failure the client should see.
 
 use super::admission::Snapshot;
 use super::attempt::Attempt;
@@ -15,9 +17,10 @@ use crate::policy::{
     self, AccountState, AttemptOutcome, Candidate, PinAction, PinSeen, Role, Selection,
 };
 use crate::redact::StreamRedactor;
-use crate::store::{Pin, TOUCH_GRANULARITY_MS};
+use crate::store::{Load, Pin, TOUCH_GRANULARITY_MS};
 use crate::stream::{Prefix, Relay};
 use pooler_plugin_kit::{Db, DbError};
+use std::collections::HashMap;
 
 /// What the attempt loop has learned so far, carried from one pass to the next.
 struct Progress {
@@ -35,6 +38,11 @@ struct Progress {
     failure: Option<PoolError>,
     /// Whether the exhausted accounts' usage was already re-fetched.
     rechecked: bool,
+    /// Accounts passed over because their in-flight limit was full (also in `attempted`
+    /// until the request waits for one to free).
+    busy: Vec<String>,
+    /// Time waited inline for an in-flight limit to free.
+    busy_waited: u64,
 }
 
 impl Progress {
@@ -52,9 +60,16 @@ impl Progress {
             previous: None,
             failure: None,
             rechecked: false,
+            busy: Vec::new(),
+            busy_waited: 0,
         }
     }
 }
+
+/// The first wait for an account's in-flight limit to free, doubled on each further wait
+/// up to [`BUSY_WAIT_MAX_MS`], all within the inline wait limit.
+const BUSY_WAIT_FIRST_MS: u64 = 100;
+const BUSY_WAIT_MAX_MS: u64 = 2_000;
 
 /// What a step of the attempt loop leaves the loop to do.
 enum Step<B> {
@@ -106,15 +121,24 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     .filter(|a| snapshot.contains(&a.id))
                     .collect(),
             };
-            let choice = next_choice(
+            let (choice, followed) = self.choose(
                 ctx,
+                thread,
                 &states,
-                &p,
+                &mut p,
                 inherited.as_deref(),
                 cursor.as_deref(),
                 now,
-            );
+            )?;
+            if followed {
+                continue;
+            }
             let Some((id, role)) = choice else {
+                match self.wait_for_flight(ctx, &mut p).await? {
+                    Step::Again => continue,
+                    Step::Answer(response) => return Ok(response),
+                    Step::On => {}
+                }
                 if self.recheck_once(ctx, &states, &mut p).await? {
                     continue;
                 }
@@ -132,17 +156,154 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 Step::Again => continue,
                 Step::Answer(response) => return Ok(response),
             }
+            let lease = match self.take_flight(state, now, &mut p)? {
+                Some(lease) => lease,
+                None => continue,
+            };
             p.attempted.push(id.clone());
             p.previous = Some(id);
-            let attempt = self.attempt(ctx, state, &mut p.waited).await?;
-            if let Step::Answer(response) =
-                self.settle(ctx, thread, state, cursor.as_deref(), attempt, &mut p)?
-            {
-                return Ok(response);
+            let attempt = self.attempt(ctx, state, &mut p.waited).await;
+            let settled = attempt.and_then(|attempt| {
+                self.settle(ctx, thread, state, cursor.as_deref(), attempt, &mut p)
+            });
+            match settled {
+                Ok(Step::Answer(mut response)) if lease.is_some() => {
+                    if matches!(response.body, Body::Stream(_)) {
+                        response.lease = lease;
+                    } else {
+                        self.end_flight(lease.as_deref());
+                    }
+                    return Ok(response);
+                }
+                Ok(Step::Answer(response)) => return Ok(response),
+                Ok(_) => self.end_flight(lease.as_deref()),
+                Err(e) => {
+                    self.end_flight(lease.as_deref());
+                    return Err(e);
+                }
             }
         }
 
         self.none_served(ctx, p)
+    }
+
+    /// The next account to try and why. A conversation placed by a ranking strategy is
+    /// placed in one write transaction that reads every account's load, records the
+    /// placement and claims a new session's pin, so concurrent requests (each in its own
+    /// instance) see each other's. The flag says another request had claimed the session
+    /// first: the loop follows that pin.
+    #[allow(clippy::too_many_arguments)]
+    fn choose(
+        &self,
+        ctx: &Ctx<'_>,
+        thread: &str,
+        states: &[AccountState],
+        p: &mut Progress,
+        inherited: Option<&str>,
+        cursor: Option<&str>,
+        now: u64,
+    ) -> Result<(Option<(String, Role)>, bool), DbError> {
+        let placing = placing(ctx, states, p, now);
+        let strategy = ctx.settings.strategy(ctx.provider);
+        if !(placing && strategy.ranks() && ctx.key.is_some()) {
+            let choice = next_choice(ctx, states, p, inherited, cursor, now, placing, None);
+            return Ok((choice, false));
+        }
+        self.store.tx(|store| {
+            let loads = store.loads(ctx.provider, now, ctx.settings.pin_lifetime_ms)?;
+            let choice = next_choice(ctx, states, p, inherited, cursor, now, true, Some(&loads));
+            let mut followed = false;
+            if let Some((id, role @ Role::Strategy)) = &choice {
+                store.record_placement(ctx.provider, id, now)?;
+                followed = self.claim_new_session(ctx, thread, id, *role, now, p)?;
+            }
+            Ok((choice, followed))
+        })
+    }
+
+    /// Take an in-flight lease on `state` when it has a limit: `Some(None)` when it has
+    /// none, `Some(Some(lease))` when one was taken, and None when the limit is full (the
+    /// account is passed over for now, as a detour would pass it).
+    fn take_flight(
+        &self,
+        state: &AccountState,
+        now: u64,
+        p: &mut Progress,
+    ) -> Result<Option<Option<String>>, DbError> {
+        let limit = state.options.max_in_flight;
+        if limit == 0 {
+            return Ok(Some(None));
+        }
+        let lease = super::new_id(self.env);
+        if self
+            .store
+            .take_flight_lease(&state.id, limit, &lease, now)?
+        {
+            return Ok(Some(Some(lease)));
+        }
+        p.attempted.push(state.id.clone());
+        p.busy.push(state.id.clone());
+        p.previous = Some(state.id.clone());
+        Ok(None)
+    }
+
+    /// End an in-flight lease this request no longer needs. Failing to is no reason to
+    /// fail the request: the lease expires by itself.
+    fn end_flight(&self, lease: Option<&str>) {
+        if let Some(lease) = lease
+            && let Err(e) = self.store.end_flight_lease(lease)
+        {
+            self.env.log(
+                Level::Warn,
+                "Account Pooler could not end an in-flight lease; it expires by itself",
+                &[("error", e.to_string())],
+            );
+        }
+    }
+
+    /// Nothing is left to choose but accounts whose in-flight limit was full: wait a
+    /// little (doubling, within the inline wait limit) and choose among them again
+    /// (`Again`); once the wait is spent, answer that every such account is busy (unless
+    /// another failure was recorded, which the loop answers). `On` when no account was
+    /// passed over as busy.
+    async fn wait_for_flight(
+        &self,
+        ctx: &Ctx<'_>,
+        p: &mut Progress,
+    ) -> Result<Step<U::Body>, DbError> {
+        if p.busy.is_empty() {
+            return Ok(Step::On);
+        }
+        let left = ctx.settings.inline_wait_ms.saturating_sub(p.busy_waited);
+        if left == 0 {
+            if p.failure.is_some() {
+                return Ok(Step::On);
+            }
+            self.report.borrow_mut().outcome = Some("failed");
+            if let (Some(key), Some(pin)) = (ctx.key, p.pin.as_ref().filter(|p| p.claimed)) {
+                self.store
+                    .release_claim(ctx.provider, key, pin.generation)?;
+            }
+            let error = PoolError::pool(
+                429,
+                "Every eligible Account Pooler account is at its in-flight limit.",
+            )
+            .with_retry_after(1);
+            return Ok(Step::Answer(Response::pool(ctx.provider, &error)));
+        }
+        let wait = p
+            .busy_waited
+            .clamp(BUSY_WAIT_FIRST_MS, BUSY_WAIT_MAX_MS)
+            .min(left);
+        if let Raced::Gone = unless_gone(self.env, self.env.sleep(wait)).await {
+            return self
+                .cancelled(ctx, p.pin.as_ref(), p.previous.as_deref())
+                .map(Step::Answer);
+        }
+        p.busy_waited += wait;
+        let busy = std::mem::take(&mut p.busy);
+        p.attempted.retain(|a| !busy.contains(a));
+        Ok(Step::Again)
     }
 
     /// When nothing is eligible and nothing has failed yet, re-fetch the exhausted
@@ -531,6 +692,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             status: response.status,
             headers,
             body: Body::Stream(relay),
+            lease: None,
         }
     }
 }
@@ -560,7 +722,34 @@ fn hold_failure(state: &AccountState, until: u64, now: u64) -> PoolError {
     }
 }
 
-/// The account to try next and why, by the policy over `states` as they are `now`.
+/// Whether the request places its conversation (rather than serving it on its pin, or
+/// detouring): it has no pin, or claimed the one it has, or its pinned account is gone
+/// for a lasting reason (refused lastingly in this request or now, or removed).
+fn placing(ctx: &Ctx<'_>, states: &[AccountState], p: &Progress, now: u64) -> bool {
+    match &p.pin {
+        None => true,
+        Some(pin) if pin.claimed => true,
+        Some(pin) => {
+            let outcome = p
+                .outcomes
+                .iter()
+                .rev()
+                .find(|(a, _)| *a == pin.account)
+                .map(|(_, o)| *o);
+            policy::gone_for_good(
+                states.iter().find(|a| a.id == pin.account),
+                outcome,
+                ctx.settings.switch_threshold,
+                now,
+            )
+        }
+    }
+}
+
+/// The account to try next and why, by the policy over `states` as they are `now`;
+/// `loads` (each account's conversations and recent placements) when a ranking strategy
+/// places the conversation.
+#[allow(clippy::too_many_arguments)]
 fn next_choice(
     ctx: &Ctx<'_>,
     states: &[AccountState],
@@ -568,13 +757,26 @@ fn next_choice(
     inherited: Option<&str>,
     cursor: Option<&str>,
     now: u64,
+    placing: bool,
+    loads: Option<&HashMap<String, Load>>,
 ) -> Option<(String, Role)> {
+    let strategy = ctx.settings.strategy(ctx.provider);
     let candidates: Vec<Candidate> = states
         .iter()
-        .map(|a| Candidate {
-            id: a.id.clone(),
-            tier: policy::tier(a, ctx.family, ctx.settings.switch_threshold, now),
-            held: a.held(now),
+        .map(|a| {
+            let load = loads
+                .and_then(|l| l.get(&a.id))
+                .copied()
+                .unwrap_or_default();
+            Candidate {
+                id: a.id.clone(),
+                tier: policy::tier(a, ctx.family, ctx.settings.switch_threshold, now),
+                held: a.held(now),
+                standby: policy::standby(a, now),
+                score: policy::capacity(strategy, a, ctx.family, now),
+                live: load.live,
+                recent: load.recent,
+            }
         })
         .collect();
     policy::choose(Selection {
@@ -584,5 +786,7 @@ fn next_choice(
         inherited,
         cursor,
         previous: p.previous.as_deref(),
+        placing,
+        strategy,
     })
 }

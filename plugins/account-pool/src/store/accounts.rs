@@ -2,7 +2,7 @@
 //! its credential, which is read only to send it upstream.
 
 use super::{Store, TOUCH_GRANULARITY_MS, decode};
-use crate::model::{Credential, CredentialKind, HoldKind, OAuthTokens, Provider};
+use crate::model::{AccountOptions, Credential, CredentialKind, HoldKind, OAuthTokens, Provider};
 use crate::policy::AccountState;
 use crate::quota::{QuotaState, Restriction, Window};
 use pooler_plugin_kit::{Db, DbError, Row, Value};
@@ -25,6 +25,7 @@ impl<'a, D: Db> Store<'a, D> {
         credential: &Credential,
         label: &str,
         priority: i32,
+        options: &AccountOptions,
         now: u64,
     ) -> Result<(), DbError> {
         self.tx(|s| {
@@ -48,13 +49,15 @@ impl<'a, D: Db> Store<'a, D> {
                     now.into(),
                 ],
             )?;
+            s.set_options(id, options)?;
             s.put_credential(id, credential)
         })
     }
 
     const ACCOUNT_SELECT: &'static str =
         "SELECT a.id, a.seq, a.provider, a.kind, a.priority, a.enabled, a.error,
-            a.held_until, a.hold_kind, a.needs_sign_in, a.last_used_at, s.expires_at, r.retry_at, r.failure,
+            a.held_until, a.hold_kind, a.needs_sign_in, a.last_used_at, a.last_resort, a.extra_usage,
+            a.max_in_flight, a.preserve, s.expires_at, r.retry_at, r.failure,
             q.overage, q.credits, q.representative_claim, q.restriction_reason, q.restriction_reset
         FROM accounts a
         LEFT JOIN secrets s ON s.account_id = a.id
@@ -64,6 +67,12 @@ impl<'a, D: Db> Store<'a, D> {
     fn account_from_row(&self, r: &Row<'_>, windows: Vec<Window>) -> Result<AccountState, DbError> {
         let id = r.text("id")?;
         let failure = r.opt_text("failure")?;
+        let options = AccountOptions {
+            last_resort: r.bool("last_resort")?,
+            extra_usage: r.bool("extra_usage")?,
+            max_in_flight: u32::try_from(r.i64("max_in_flight")?).unwrap_or(0),
+            preserve: r.f64("preserve")?,
+        };
         let quota = QuotaState {
             windows,
             overage: r.opt_text("overage")?,
@@ -73,6 +82,7 @@ impl<'a, D: Db> Store<'a, D> {
                 reason,
                 resets_at: r.opt_u64("restriction_reset").ok().flatten(),
             }),
+            extra_usage_allowed: options.extra_usage,
         };
         Ok(AccountState {
             provider: decode("provider", Provider::parse(&r.text("provider")?))?,
@@ -92,6 +102,7 @@ impl<'a, D: Db> Store<'a, D> {
                 None
             },
             last_used_at: r.opt_u64("last_used_at")?,
+            options,
             id,
         })
     }
@@ -166,6 +177,21 @@ impl<'a, D: Db> Store<'a, D> {
         Ok(self.db.execute(sql, &[id.into()])? > 0)
     }
 
+    /// Store an account's options. Returns whether the account exists.
+    pub fn set_options(&self, id: &str, o: &AccountOptions) -> Result<bool, DbError> {
+        Ok(self.db.execute(
+            "UPDATE accounts SET last_resort = ?2, extra_usage = ?3, max_in_flight = ?4, preserve = ?5
+             WHERE id = ?1",
+            &[
+                id.into(),
+                o.last_resort.into(),
+                o.extra_usage.into(),
+                o.max_in_flight.into(),
+                o.preserve.into(),
+            ],
+        )? > 0)
+    }
+
     pub fn set_priority(&self, id: &str, priority: i32) -> Result<bool, DbError> {
         Ok(self.db.execute(
             "UPDATE accounts SET priority = ?2 WHERE id = ?1",
@@ -236,6 +262,8 @@ impl<'a, D: Db> Store<'a, D> {
                 "DELETE FROM windows WHERE account_id = ?1",
                 "DELETE FROM quota WHERE account_id = ?1",
                 "DELETE FROM refresh_state WHERE account_id = ?1",
+                "DELETE FROM in_flight WHERE account_id = ?1",
+                "DELETE FROM placements WHERE account_id = ?1",
             ] {
                 s.db.execute(sql, &[id.into()])?;
             }

@@ -10,17 +10,20 @@
 //! | [`accounts`] | `accounts`, `secrets` |
 //! | [`quota`] | `windows`, `quota`, `refresh_state` (quota; OAuth refresh leases and backoff) |
 //! | [`routes`] | `routes`, `pins`, `cursors` |
+//! | [`load`] | `placements`, `in_flight` (conversations placed lately, requests in flight) |
 //! | [`attempts`] | `attempts` |
 //! | [`signals`] | `pending_signals` |
 
 mod accounts;
 mod attempts;
+mod load;
 mod quota;
 mod routes;
 mod signals;
 
 pub use accounts::AccountMeta;
 pub use attempts::{AttemptRow, RECENT_ATTEMPTS, attempt_sessions_slack};
+pub use load::{FLIGHT_LEASE_MS, Load, PLACEMENT_WINDOW_MS};
 pub use quota::RefreshState;
 pub use routes::Pin;
 pub use signals::PendingSignal;
@@ -30,7 +33,9 @@ use pooler_plugin_kit::{Db, DbError, Value};
 
 /// The schema version this code writes. 2: `attempts` is keyed by session (`WITHOUT
 /// ROWID`, ids counted per session) instead of a global AUTOINCREMENT id plus an index.
-pub const SCHEMA_VERSION: i64 = 2;
+/// 3: accounts have their options (last-resort, extra usage, in-flight limit, preserve),
+/// and `placements` and `in_flight` count conversations placed lately and requests in flight.
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How stale a pin's or an account's "last used" time may get before a request that uses
 /// it writes it again. Writing it on every request cost each pooled request two more
@@ -53,7 +58,11 @@ CREATE TABLE IF NOT EXISTS accounts (
     error TEXT,
     held_until INTEGER,
     hold_kind TEXT,
-    needs_sign_in INTEGER NOT NULL DEFAULT 0
+    needs_sign_in INTEGER NOT NULL DEFAULT 0,
+    last_resort INTEGER NOT NULL DEFAULT 0,
+    extra_usage INTEGER NOT NULL DEFAULT 0,
+    max_in_flight INTEGER NOT NULL DEFAULT 0,
+    preserve REAL NOT NULL DEFAULT 1
 );
 CREATE TABLE IF NOT EXISTS secrets (
     account_id TEXT PRIMARY KEY REFERENCES accounts(id) ON DELETE CASCADE,
@@ -122,6 +131,18 @@ CREATE TABLE IF NOT EXISTS attempts (
     outcome TEXT NOT NULL,
     PRIMARY KEY (provider, key, id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS placements (
+    provider TEXT NOT NULL,
+    account_id TEXT NOT NULL,
+    at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS placements_by_time ON placements(provider, at);
+CREATE TABLE IF NOT EXISTS in_flight (
+    id TEXT PRIMARY KEY,
+    account_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS in_flight_by_account ON in_flight(account_id, expires_at);
 CREATE TABLE IF NOT EXISTS pending_signals (
     provider TEXT NOT NULL,
     cause TEXT NOT NULL,
@@ -141,6 +162,14 @@ const ATTEMPTS_V2_AFTER: &str = "
 INSERT INTO attempts (provider, key, id, at, account_id, status, outcome)
     SELECT provider, key, id, at, account_id, status, outcome FROM attempts_v1;
 DROP TABLE attempts_v1;
+";
+
+/// Schema 2 (or 1) to 3: the accounts' options, with the defaults that change nothing.
+const OPTIONS_V3: &str = "
+ALTER TABLE accounts ADD COLUMN last_resort INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN extra_usage INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN max_in_flight INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN preserve REAL NOT NULL DEFAULT 1;
 ";
 
 /// The pool's database.
@@ -177,12 +206,26 @@ impl<'a, D: Db> Store<'a, D> {
             if version == Some(1) {
                 st.db.execute_batch(ATTEMPTS_V2_BEFORE)?;
             }
+            // Before the schema, which would create a missing `accounts` with the columns.
+            if version.is_some_and(|v| v < 3) && st.table_exists("accounts")? {
+                st.db.execute_batch(OPTIONS_V3)?;
+            }
             st.db.execute_batch(SCHEMA)?;
             if version == Some(1) {
                 st.db.execute_batch(ATTEMPTS_V2_AFTER)?;
             }
             st.set_meta_i64("schema-version", SCHEMA_VERSION)
         })
+    }
+
+    fn table_exists(&self, name: &str) -> Result<bool, DbError> {
+        Ok(!self
+            .db
+            .query(
+                "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                &[name.into()],
+            )?
+            .is_empty())
     }
 
     /// Migrate unless the schema version row already says this version (the common case

@@ -2,7 +2,9 @@
 //! cursor, leases, signals and attempts.
 
 use super::*;
-use crate::model::{ChangeCause, Credential, CredentialKind, OAuthTokens, Provider};
+use crate::model::{
+    AccountOptions, ChangeCause, Credential, CredentialKind, OAuthTokens, Provider,
+};
 use pooler_plugin_kit::NativeDb;
 
 fn store(db: &NativeDb) -> Store<'_, NativeDb> {
@@ -29,6 +31,7 @@ fn accounts_round_trip_in_selection_order() {
         &Credential::ApiKey("k-b".into()),
         "B",
         0,
+        &AccountOptions::default(),
         10,
     )
     .unwrap();
@@ -38,6 +41,7 @@ fn accounts_round_trip_in_selection_order() {
         &Credential::ApiKey("k-a".into()),
         "A",
         0,
+        &AccountOptions::default(),
         11,
     )
     .unwrap();
@@ -47,6 +51,7 @@ fn accounts_round_trip_in_selection_order() {
         &Credential::ApiKey("k-z".into()),
         "Z",
         -1,
+        &AccountOptions::default(),
         12,
     )
     .unwrap();
@@ -61,6 +66,7 @@ fn accounts_round_trip_in_selection_order() {
         }),
         "C",
         0,
+        &AccountOptions::default(),
         13,
     )
     .unwrap();
@@ -449,4 +455,132 @@ fn routes_are_found_by_hash_and_close_at_once() {
     assert!(s.close_route("t1", Provider::Claude).unwrap());
     assert_eq!(s.route_by_hash(&h2).unwrap(), None);
     assert!(!s.has_route("t1", Provider::Claude).unwrap());
+}
+
+/// A schema 2 database gains the accounts' options with the defaults that change nothing,
+/// and keeps its accounts.
+#[test]
+fn a_schema_2_database_migrates_its_accounts_to_default_options() {
+    let db = NativeDb::memory();
+    db.execute_batch(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value);
+         INSERT INTO meta VALUES ('schema-version', 2);
+         CREATE TABLE accounts (
+             id TEXT PRIMARY KEY, seq INTEGER NOT NULL, provider TEXT NOT NULL,
+             kind TEXT NOT NULL, label TEXT NOT NULL, priority INTEGER NOT NULL,
+             enabled INTEGER NOT NULL, created_at INTEGER NOT NULL, last_used_at INTEGER,
+             error TEXT, held_until INTEGER, hold_kind TEXT,
+             needs_sign_in INTEGER NOT NULL DEFAULT 0);
+         INSERT INTO accounts (id, seq, provider, kind, label, priority, enabled, created_at)
+             VALUES ('a', 1, 'claude', 'api-key', 'A', 0, 1, 5);",
+    )
+    .unwrap();
+    let s = Store::new(&db);
+    assert!(!s.schema_current().unwrap());
+    s.ensure_schema().unwrap();
+    assert!(s.schema_current().unwrap());
+    let a = s.account("a").unwrap().unwrap();
+    assert_eq!(a.options, AccountOptions::default());
+    assert!(!a.quota.extra_usage_allowed);
+    s.migrate().unwrap();
+}
+
+#[test]
+fn account_options_round_trip_and_extra_usage_reaches_the_quota() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    let options = AccountOptions {
+        last_resort: true,
+        extra_usage: true,
+        max_in_flight: 3,
+        preserve: 0.8,
+    };
+    s.insert_account(
+        "a",
+        Provider::Claude,
+        &Credential::ApiKey("k".into()),
+        "A",
+        0,
+        &options,
+        1,
+    )
+    .unwrap();
+    let a = s.account("a").unwrap().unwrap();
+    assert_eq!(a.options, options);
+    assert!(a.quota.extra_usage_allowed);
+    assert!(s.set_options("a", &AccountOptions::default()).unwrap());
+    assert_eq!(
+        s.accounts(Some(Provider::Claude)).unwrap()[0].options,
+        AccountOptions::default()
+    );
+    assert!(!s.set_options("nobody", &options).unwrap());
+}
+
+/// What a ranking strategy counts: fresh pins per account, and the placements of the last
+/// minute (older ones forgotten), per provider.
+#[test]
+fn loads_count_live_pins_and_the_last_minutes_placements() {
+    let db = NativeDb::memory();
+    let s = store(&db);
+    let t = 1_000_000;
+    for (key, account, at) in [("s1", "a", t), ("s2", "a", t - 10), ("s3", "b", t - 40_000)] {
+        s.claim_pin(Provider::Claude, key, account, None, at, 30_000, 100, "x")
+            .unwrap();
+    }
+    s.claim_pin(Provider::Codex, "s4", "c", None, t, 30_000, 100, "x")
+        .unwrap();
+    s.record_placement(Provider::Claude, "a", t - 70_000)
+        .unwrap();
+    s.record_placement(Provider::Claude, "b", t - 30_000)
+        .unwrap();
+    s.record_placement(Provider::Claude, "b", t).unwrap();
+    s.record_placement(Provider::Codex, "c", t).unwrap();
+    let loads = s.loads(Provider::Claude, t, 30_000).unwrap();
+    assert_eq!(loads["a"], Load { live: 2, recent: 0 });
+    assert_eq!(loads["b"], Load { live: 0, recent: 2 });
+    assert!(!loads.contains_key("c"));
+    let rows = db
+        .query(
+            "SELECT COUNT(*) AS n FROM placements WHERE provider = 'claude'",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        rows.first().unwrap().u64("n").unwrap(),
+        2,
+        "the old one went"
+    );
+}
+
+/// In-flight leases: never more than the limit across stores (instances) on one database;
+/// an ended lease frees its place; one nobody ended frees it at its expiry; a start ends
+/// them all.
+#[test]
+fn leases_cap_requests_in_flight_across_instances_and_expire() {
+    let db = NativeDb::memory();
+    let one = store(&db);
+    let two = Store::new(&db);
+    let t = 5_000_000;
+    assert!(one.take_flight_lease("a", 2, "l1", t).unwrap());
+    assert!(two.take_flight_lease("a", 2, "l2", t).unwrap());
+    assert!(!one.take_flight_lease("a", 2, "l3", t).unwrap(), "full");
+    assert!(
+        two.take_flight_lease("b", 2, "l4", t).unwrap(),
+        "per account"
+    );
+    assert_eq!(one.flight_leases("a", t).unwrap(), 2);
+    two.end_flight_lease("l1").unwrap();
+    assert!(one.take_flight_lease("a", 2, "l5", t + 1).unwrap());
+    assert!(
+        !one.take_flight_lease("a", 2, "l6", t + FLIGHT_LEASE_MS - 1)
+            .unwrap()
+    );
+    assert!(
+        one.take_flight_lease("a", 2, "l7", t + FLIGHT_LEASE_MS)
+            .unwrap(),
+        "the lease nobody ended expired"
+    );
+    one.end_flight_leases().unwrap();
+    assert_eq!(one.flight_leases("a", t + FLIGHT_LEASE_MS).unwrap(), 0);
+    assert_eq!(one.flight_leases("b", t).unwrap(), 0);
 }

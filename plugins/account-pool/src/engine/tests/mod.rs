@@ -13,6 +13,7 @@
 //! | [`odd`] | odd upstream answers: 1xx, compressed bodies; what every upstream call asks for |
 //! | [`redaction`] | an upstream that echoes the account's credential: kept and relayed without it |
 //! | [`first_event`] | a served stream's head held for its first event: an opening failure retried or moved, the bounds |
+//! | [`strategy`] | routing strategies, paced movers, last-resort accounts, in-flight limits, extra usage |
 
 mod admin;
 mod cancel;
@@ -24,13 +25,14 @@ mod odd;
 mod redaction;
 mod scenarios;
 mod storage;
+mod strategy;
 
 use super::*;
 use crate::admin::{Admin, NewAccount};
 use crate::model::{
     Availability, BlockCause, ChangeCause, Credential, OAuthTokens, UnavailableReason,
 };
-use crate::store::TOUCH_GRANULARITY_MS;
+use crate::store::{FLIGHT_LEASE_MS, TOUCH_GRANULARITY_MS};
 use futures::executor::block_on;
 use pooler_plugin_kit::{DbError, NativeDb, Rows, Value};
 use serde_json::json;
@@ -432,6 +434,8 @@ struct Resp {
     status: u16,
     headers: Headers,
     body: String,
+    /// The in-flight lease it carried (ended once collected, as the glue ends it).
+    lease: Option<String>,
 }
 
 impl Resp {
@@ -458,6 +462,7 @@ async fn collect(r: Response<FakeBody>) -> Resp {
         status: r.status,
         headers: r.headers,
         body: String::from_utf8_lossy(&body).into_owned(),
+        lease: r.lease,
     }
 }
 
@@ -530,6 +535,7 @@ impl Pool {
                 credential: Credential::ApiKey(label.into()),
                 label: Some(label.into()),
                 priority: None,
+                options: None,
             })
             .unwrap();
         self.ids.borrow_mut().insert(label.into(), info.id.clone());
@@ -556,6 +562,7 @@ impl Pool {
                 }),
                 label: Some(label.into()),
                 priority: None,
+                options: None,
             })
             .unwrap();
         self.ids.borrow_mut().insert(label.into(), info.id.clone());
@@ -601,9 +608,13 @@ impl Pool {
     /// Serve one request (whose client is there when it starts).
     fn send(&self, req: IncomingRequest) -> Resp {
         self.env.gone.set(false);
-        block_on(async {
+        let resp = block_on(async {
             collect(Engine::new(&self.db, &self.up, &self.env).handle(req).await).await
-        })
+        });
+        if let Some(lease) = &resp.lease {
+            end_flight(&self.db, lease).unwrap();
+        }
+        resp
     }
 
     fn claude(&self, session: Option<&str>) -> Resp {

@@ -40,6 +40,7 @@ fn pool_with_key() -> Pool {
             credential: Credential::ApiKey(KEY.into()),
             label: Some("k".into()),
             priority: None,
+            options: None,
         })
         .unwrap();
     p.ids.borrow_mut().insert("k".into(), info.id);

@@ -914,6 +914,7 @@ fn ap23_admin_refusals_and_secrets() {
             credential: Credential::ApiKey("sk-ant-secret-wxyz".into()),
             label: None,
             priority: None,
+            options: None,
         })
         .unwrap();
     let b = p.add_key("b");
@@ -977,7 +978,8 @@ fn ap23_admin_refusals_and_secrets() {
             provider: Provider::Codex,
             credential: Credential::ApiKey("k".into()),
             label: None,
-            priority: None
+            priority: None,
+            options: None,
         }),
         Err(crate::admin::AccountsError::ApiKeyNotSupported(
             Provider::Codex
