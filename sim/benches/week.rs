@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use pooler_sim::report;
-use pooler_sim::run::{routing_variants, run};
+use pooler_sim::run::{DEFAULT_STRATEGY, routing_variants, run};
 use pooler_sim::scenario::Scenario;
 
 fn main() {
@@ -28,7 +28,10 @@ fn main() {
             .expect("a committed scenario");
         let variants = if scenario.variants.is_empty() {
             // Speed, not routing: one variant (the pool's default strategy) is enough.
-            routing_variants(&scenario).into_iter().take(1).collect()
+            routing_variants(&scenario)
+                .into_iter()
+                .filter(|v| v.name == DEFAULT_STRATEGY)
+                .collect()
         } else {
             scenario.variants.clone()
         };

@@ -131,10 +131,17 @@ pub struct Speed {
 }
 
 pub fn figures(r: &Recorded) -> Figures {
+    // A turn can run faster than the ideal timeline's mean (its time to first token is
+    // drawn), so a thread may finish a task the ideal run would have started after the end:
+    // that task was demanded too.
     let demanded = r
         .plans
         .iter()
-        .map(|p| p.tasks.iter().filter(|t| t.ideal_start < r.end).count() as u32)
+        .zip(&r.ledger.threads)
+        .map(|(p, t)| {
+            let ideal = p.tasks.iter().filter(|x| x.ideal_start < r.end).count() as u32;
+            ideal.max(t.tasks_done)
+        })
         .sum();
     let completed = r.ledger.threads.iter().map(|t| t.tasks_done).sum();
     let h = |ms: u64| ms as f64 / HOUR as f64;

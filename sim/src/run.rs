@@ -62,6 +62,9 @@ pub struct Recorded {
     pub cpu: Duration,
 }
 
+/// The strategy a pool nobody configured uses (the Account Pooler's default).
+pub const DEFAULT_STRATEGY: &str = "soonest-reset";
+
 /// Every routing behaviour the pool offers, as variants of a comparison: one per routing
 /// strategy (for both providers), and, when the scenario's person keeps reserve accounts
 /// to enable by hand, each strategy again with those accounts enabled from the start as

@@ -185,6 +185,11 @@ impl PoolSetup {
         pool.set(upstream_key, &upstream_url).await.unwrap();
         let token_url = format!("{}/oauth/token", pool.tokens.url());
         pool.set(token_key, &token_url).await.unwrap();
+        // The spec's routing scenarios are written against the cursor (fill-first); the
+        // strategy tests set their own, and the default's own test sets none.
+        for key in ["claude-strategy", "codex-strategy"] {
+            pool.set(key, "fill-first").await.unwrap();
+        }
         for credential in self.accounts {
             let info = pool.add(credential).await.expect("add an account");
             pool.ids.push(info.id);

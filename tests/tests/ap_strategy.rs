@@ -76,6 +76,23 @@ async fn concurrent_new_conversations_spread_over_the_accounts() {
     }
 }
 
+/// The pool's default strategy is soonest-reset (the one the week simulator's figures
+/// favour, docs/08): back at the default, new conversations on three fresh accounts take
+/// one each where fill-first would put all three on A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_strategy_spreads_new_conversations() {
+    let pool = Pool::claude().await;
+    let setting = pool.set("claude-strategy", "fill-first").await.unwrap();
+    assert_eq!(setting.default_value, "soonest-reset");
+    pool.set("claude-strategy", &setting.default_value)
+        .await
+        .unwrap();
+    for s in ["S1", "S2", "S3"] {
+        assert_eq!(pool.send(pool.messages(s)).await.status, 200);
+    }
+    assert_eq!(pool.seen(), ["A", "B", "C"]);
+}
+
 /// The conversations of an account refused for a lasting reason move as they next send,
 /// each by the strategy: spread over B and C, not herded onto B (fill-first's way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +101,7 @@ async fn conversations_moving_off_a_spent_account_spread() {
     for s in ["S1", "S2"] {
         assert_eq!(pool.send(pool.messages(s)).await.status, 200);
     }
-    assert_eq!(pool.seen(), ["A", "A"], "fill-first, the default here");
+    assert_eq!(pool.seen(), ["A", "A"], "fill-first, the fixture's");
     pool.set("claude-strategy", "soonest-reset").await.unwrap();
     pool.upstream
         .push(reply(429, &five_hour_rejected(Some(START_MS + 3_600_000))));

@@ -105,7 +105,7 @@ pub enum Strategy {
 
 impl Strategy {
     /// The strategy of a provider nobody configured.
-    pub const DEFAULT: Strategy = Strategy::FillFirst;
+    pub const DEFAULT: Strategy = Strategy::SoonestReset;
 
     /// Every strategy, in the order the settings list them.
     pub const ALL: [Strategy; 3] = [

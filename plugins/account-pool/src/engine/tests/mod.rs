@@ -482,7 +482,18 @@ impl Pool {
         Self::on(NativeDb::memory())
     }
 
+    /// A pool on `db` that follows the cursor (fill-first): the scenarios of the spec's
+    /// routing order are written against it; the strategy tests choose their own.
     fn on(db: NativeDb) -> Self {
+        let p = Self::unconfigured(db);
+        for key in ["claude-strategy", "codex-strategy"] {
+            p.admin().set_setting(key, "fill-first").unwrap();
+        }
+        p
+    }
+
+    /// A pool on `db` with every setting at its default.
+    fn unconfigured(db: NativeDb) -> Self {
         let env = Env::new();
         let up = Fake {
             gone: env.gone.clone(),

@@ -72,6 +72,22 @@ fn spread_places_new_conversations_by_capacity_and_spreads_a_burst() {
     assert_eq!(lines.last().unwrap()["why"], "pinned");
 }
 
+/// A pool nobody configured places by soonest-reset (the default the week simulator's
+/// figures chose): new conversations on fresh accounts spread, none piles onto the first.
+#[test]
+fn an_unconfigured_pool_spreads_new_conversations_by_soonest_reset() {
+    let p = Pool::unconfigured(NativeDb::memory());
+    for l in ["a", "b", "c"] {
+        p.add_key(l);
+    }
+    for s in ["S1", "S2", "S3"] {
+        assert_eq!(p.claude(Some(s)).status, 200);
+    }
+    assert_eq!(p.up.seen(), ["a", "b", "c"]);
+    let strategy = p.admin().get_setting("claude-strategy").unwrap();
+    assert_eq!(strategy.value, "soonest-reset");
+}
+
 /// fill-first keeps today's cursor: every new conversation on the cursor account.
 #[test]
 fn fill_first_piles_new_conversations_on_the_cursor() {
