@@ -157,8 +157,38 @@ async fn list(admin: &Admin) -> Result<Reply, ApiError> {
                 .map(|s| SettingView::from_retry(s, prefix(Role::ProviderRetry))),
         );
     }
+    all.extend(alerts_settings(admin.host().config()));
     all.sort_by(|a, b| a.key.cmp(&b.key));
     Reply::ok(serde_json::json!({ "settings": all }))
+}
+
+/// The host's `[alerts]` table as read-only settings (`alerts.…`): it is set in the
+/// configuration file. The webhook shows as its origin and the command as its program
+/// only: either may carry a notification service's secret.
+fn alerts_settings(config: &crate::config::Config) -> Vec<SettingView> {
+    let view = super::alerts::config_view(&config.alerts);
+    let defaults = super::alerts::config_view(&crate::config::AlertsConfig::default());
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "(none)".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    [
+        ("webhook", "the URL each window of alerts is POSTed to (origin shown)"),
+        ("format", "the webhook's body: json, slack or ntfy"),
+        ("command", "the program run once per window of alerts (program shown)"),
+        ("command_timeout_s", "seconds the command may run"),
+        ("coalesce_s", "seconds alerts are gathered into one delivery"),
+        ("check_interval_s", "seconds between looks at the accounts and threads"),
+    ]
+    .into_iter()
+    .map(|(field, what)| SettingView {
+        key: format!("alerts.{}", field.replace('_', "-")),
+        value: text(&view[field]),
+        default: text(&defaults[field]),
+        description: format!("{what}; set in the configuration file's [alerts]"),
+    })
+    .collect()
 }
 
 async fn get(admin: &Admin, role: Role, key: String) -> Result<SettingView, ApiError> {
