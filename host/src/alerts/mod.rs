@@ -189,10 +189,20 @@ impl Alerts {
     async fn send(&self, delivery: &Delivery, attempts: u32) -> Vec<Outcome> {
         let mut outcomes = Vec::new();
         if let Some(url) = &self.config.webhook {
-            outcomes.push(
-                self.with_retries("webhook", attempts, || self.post(url, delivery))
-                    .await,
-            );
+            // A refusal by the allow-list is lasting: no attempt, no retry.
+            let outcome = match self.allowed(url) {
+                Ok(uri) => {
+                    self.with_retries("webhook", attempts, || self.post(uri.clone(), delivery))
+                        .await
+                }
+                Err(detail) => Outcome {
+                    via: "webhook",
+                    ok: false,
+                    detail,
+                    attempts: 0,
+                },
+            };
+            outcomes.push(outcome);
         }
         if let Some(template) = &self.config.command {
             outcomes.push(
@@ -253,9 +263,8 @@ impl Alerts {
         }
     }
 
-    /// POST the delivery to the webhook, through the allow-list. `Ok` with the status for
-    /// a 2xx answer.
-    async fn post(&self, url: &str, delivery: &Delivery) -> Result<String, String> {
+    /// The webhook's URL, if the allow-list lets it be sent to.
+    fn allowed(&self, url: &str) -> Result<hyper::Uri, String> {
         let uri: hyper::Uri = url
             .trim()
             .parse()
@@ -263,6 +272,12 @@ impl Alerts {
         self.allow
             .check(&uri)
             .map_err(|rule| format!("the webhook is refused: {rule} ([alerts] allowed-hosts)"))?;
+        Ok(uri)
+    }
+
+    /// POST the delivery to the webhook (already checked by [`Self::allowed`]). `Ok` with
+    /// the status for a 2xx answer.
+    async fn post(&self, uri: hyper::Uri, delivery: &Delivery) -> Result<String, String> {
         let (body, headers) = delivery.webhook(self.config.format);
         let mut request = hyper::Request::post(uri);
         for (name, value) in headers {
