@@ -354,3 +354,59 @@ async fn the_command_gets_the_alert_as_arguments_and_environment() {
         1
     );
 }
+
+/// A thread whose failed turn Provider Retry declines for good (an invalid request is not retryable)
+/// fires `retries-ended` once, with the plugin's reason; a thread it schedules a retry for
+/// does not; a person's next message that succeeds closes the episode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_whose_retries_ended_alerts_once_and_closes_when_it_runs_again() {
+    use pooler_tests::core::{CoreSetup, failure, success};
+    let h = CoreSetup::new().real_retry().start().await;
+    let stuck = h.new_thread().await;
+    h.upstream.push(claude::error(
+        400,
+        "invalid_request_error",
+        "prompt is too long",
+    ));
+    h.send(&stuck, "hello");
+    h.settle().await;
+    let retried = h.new_thread().await;
+    h.upstream.push(failure(500));
+    h.send(&retried, "hello");
+    h.settle().await;
+    assert_eq!(
+        h.candidates(Some(&retried)).await.len(),
+        1,
+        "a retry is scheduled"
+    );
+
+    for _ in 0..3 {
+        h.host.check_alerts().await;
+    }
+    let open = h.host.alerts().open();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0].condition.kind, AlertKind::RetriesEnded);
+    assert_eq!(open[0].condition.thread.as_deref(), Some(stuck.as_str()));
+    let reason = open[0].condition.reason.clone().unwrap_or_default();
+    assert!(reason.contains("retry"), "the plugin's words: {reason}");
+    let counter = |h: &pooler_tests::core::CoreHost| {
+        h.host
+            .metrics()
+            .counter("pooler_alerts_total", &[("kind", "retries-ended")])
+    };
+    assert_eq!(counter(&h), 1);
+
+    h.upstream.push(success("hi"));
+    h.send(&stuck, "again");
+    h.settle().await;
+    h.host.check_alerts().await;
+    assert!(
+        h.host
+            .alerts()
+            .open()
+            .iter()
+            .all(|a| a.condition.kind != AlertKind::RetriesEnded),
+        "closed"
+    );
+    assert_eq!(counter(&h), 1);
+}
