@@ -61,28 +61,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(AlertsCommand::Test) => {
             let answer = out.connect()?.post("alerts/test", &json!({})).await?;
             let outcomes = answer["outcomes"].as_array().cloned().unwrap_or_default();
-            let failed = outcomes.iter().any(|o| o["ok"] != true);
+            let lines: Vec<String> = outcomes
+                .iter()
+                .map(|o| {
+                    let verdict = if o["ok"] == true { "sent" } else { "FAILED" };
+                    format!(
+                        "{}: {verdict} ({})",
+                        o["via"].as_str().unwrap_or("?"),
+                        o["detail"].as_str().unwrap_or("")
+                    )
+                })
+                .collect();
+            // A failed channel fails the command (exit 1), with every channel's outcome in
+            // the error.
+            if outcomes.iter().any(|o| o["ok"] != true) {
+                anyhow::bail!("a test alert was not delivered: {}", lines.join("; "));
+            }
             out.print(&answer, |answer| {
                 deliveries(&answer["config"]);
-                if outcomes.is_empty() {
+                if lines.is_empty() {
                     println!(
                         "no webhook or command is set: the test alert went to the log and /metrics only"
                     );
                 }
-                for o in &outcomes {
-                    let verdict = if o["ok"] == true { "sent" } else { "FAILED" };
-                    println!(
-                        "{}: {verdict} ({})",
-                        o["via"].as_str().unwrap_or("?"),
-                        o["detail"].as_str().unwrap_or("")
-                    );
+                for line in &lines {
+                    println!("{line}");
                 }
                 Ok(())
-            })?;
-            if failed {
-                anyhow::bail!("a test alert was not delivered");
-            }
-            Ok(())
+            })
         }
     }
 }
