@@ -410,3 +410,42 @@ async fn a_thread_whose_retries_ended_alerts_once_and_closes_when_it_runs_again(
     );
     assert_eq!(counter(&h), 1);
 }
+
+/// A last-resort account that takes over when the others are refused alerts once; the
+/// others serving again (the reset passed) closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_resort_account_taking_over_alerts_once_and_closes_when_others_serve() {
+    use pooler_host::bindings::pool::exports::pooler::plugins::accounts::OptionsChange;
+    let pool = PoolSetup::claude_keys(2).start().await;
+    let host = &pool.host.host;
+    pool.update_options(
+        "A",
+        OptionsChange {
+            last_resort: Some(true),
+            extra_usage: None,
+            max_in_flight: None,
+            preserve: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    host.check_alerts().await;
+    assert!(host.alerts().open().is_empty(), "B serves");
+
+    let reset = pool.now() + 60_000;
+    pool.upstream.push(claude::rate_limited(reset, pool.now()));
+    assert_eq!(pool.send(pool.messages("S")).await.status, 200);
+    assert_eq!(pool.seen_after(1), ["B", "A"]);
+    host.check_alerts().await;
+    host.check_alerts().await;
+    let open = host.alerts().open();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0].condition.kind, AlertKind::LastResort);
+    assert_eq!(open[0].condition.account, Some(pool.id("A")));
+
+    pool.host.clock.advance(Duration::from_secs(60));
+    host.check_alerts().await;
+    assert!(host.alerts().open().is_empty(), "B can serve again");
+    assert_eq!(alerts_counter(&pool, "last-resort"), 1);
+}

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use super::model::{AlertKind, Condition};
-use crate::bindings::pool::exports::pooler::plugins::accounts::{AccountInfo, AccountStatus};
+use crate::bindings::pool::exports::pooler::plugins::accounts::{
+    AccountInfo, AccountStatus, ExtraUsage,
+};
 use crate::bindings::types::Provider;
 use crate::imports::threads::ThreadStatus;
 use crate::roles::Role;
@@ -18,10 +20,12 @@ use crate::runtime::Host;
 const CALLER: &str = "alerts";
 
 /// The kinds an account look decides (opens and closes).
-const ACCOUNT_KINDS: [AlertKind; 3] = [
+const ACCOUNT_KINDS: [AlertKind; 5] = [
     AlertKind::SignIn,
     AlertKind::AccountError,
     AlertKind::ProviderUnavailable,
+    AlertKind::ExtraUsage,
+    AlertKind::LastResort,
 ];
 
 /// Failed turns Provider Retry took on: thread → the failed request it last worked on.
@@ -46,9 +50,16 @@ fn provider_name(p: Provider) -> &'static str {
     }
 }
 
-/// The account conditions of one list: each account needing a sign-in or in error, and each
-/// provider with accounts of which none can serve now (with the earliest time one will).
-pub fn account_conditions(accounts: &[AccountInfo]) -> Vec<Condition> {
+/// Whether the account can take a request now.
+fn serves(a: &AccountInfo) -> bool {
+    a.enabled && matches!(a.status, AccountStatus::Ready | AccountStatus::NearLimit)
+}
+
+/// The account conditions of one list at `now`: each account needing a sign-in or in error,
+/// each provider with accounts of which none can serve now (with the earliest time one
+/// will), each account serving a spent model-family window on extra usage, and each
+/// last-resort account that is its provider's only one able to serve.
+pub fn account_conditions(accounts: &[AccountInfo], now: u64) -> Vec<Condition> {
     let mut out = Vec::new();
     let describe = |kind, a: &AccountInfo| {
         let mut c = Condition::new(kind, a.id.clone());
@@ -72,6 +83,46 @@ pub fn account_conditions(accounts: &[AccountInfo]) -> Vec<Condition> {
             c.reason =
                 Some("a token refresh was refused; sign in again before the token expires".into());
             out.push(c);
+        }
+    }
+    for a in accounts.iter().filter(|a| serves(a)) {
+        if a.options.extra_usage != ExtraUsage::Allow {
+            continue;
+        }
+        // A family window refused by its plan but not blocking: extra usage covers it.
+        let covered = a.windows.iter().find(|w| {
+            w.family.is_some()
+                && !w.blocking
+                && (w.status.as_deref() == Some("rejected")
+                    || w.utilization.is_some_and(|u| u >= 1.0))
+                && w.resets_at.is_none_or(|t| t > now)
+        });
+        if let Some(w) = covered {
+            let mut c = describe(AlertKind::ExtraUsage, a);
+            c.until = w.resets_at;
+            c.reason = Some(format!(
+                "its {} window is spent; paid extra usage covers it until it resets",
+                w.family.as_deref().unwrap_or(&w.name)
+            ));
+            out.push(c);
+        }
+    }
+    for provider in [Provider::Claude, Provider::Codex] {
+        let of = |a: &&AccountInfo| a.provider == provider;
+        let others_serve = accounts
+            .iter()
+            .filter(of)
+            .any(|a| !a.options.last_resort && serves(a));
+        if !others_serve {
+            for a in accounts
+                .iter()
+                .filter(of)
+                .filter(|a| a.options.last_resort && serves(a))
+            {
+                let mut c = describe(AlertKind::LastResort, a);
+                c.reason = Some("no other account of the provider can serve".into());
+                out.push(c);
+            }
         }
     }
     for provider in [Provider::Claude, Provider::Codex] {
@@ -146,7 +197,7 @@ impl Host {
                 .await;
             match listed {
                 Ok(Ok(accounts)) => {
-                    let present = account_conditions(&accounts);
+                    let present = account_conditions(&accounts, now);
                     let mut episodes = self
                         .alerts()
                         .episodes
@@ -299,7 +350,7 @@ impl Host {
 mod tests {
     use super::*;
     use crate::bindings::pool::exports::pooler::plugins::accounts::{
-        AccountOptions, CredentialKind, ExtraUsage,
+        AccountOptions, CredentialKind, UsageWindow,
     };
 
     fn account(id: &str, status: AccountStatus) -> AccountInfo {
@@ -344,7 +395,7 @@ mod tests {
         b.held_until = Some(500);
         let mut c = account("c", AccountStatus::Exhausted);
         c.blocking_reset = Some(300);
-        let found = account_conditions(&[a.clone(), b.clone(), c.clone()]);
+        let found = account_conditions(&[a.clone(), b.clone(), c.clone()], 0);
         assert_eq!(
             kinds(&found),
             vec![
@@ -369,7 +420,7 @@ mod tests {
         // One account serving (a reserve counts) and the provider can serve.
         let mut d = account("d", AccountStatus::NearLimit);
         d.needs_sign_in = true;
-        let found = account_conditions(&[a, b, c, d]);
+        let found = account_conditions(&[a, b, c, d], 0);
         assert_eq!(
             kinds(&found),
             vec![
@@ -380,6 +431,55 @@ mod tests {
         // Disabled accounts are a person's choice: no alert, and no provider alert either.
         let mut e = account("e", AccountStatus::Disabled);
         e.enabled = false;
-        assert!(account_conditions(&[e]).is_empty());
+        assert!(account_conditions(&[e], 0).is_empty());
+    }
+
+    fn family_window(utilization: f64, blocking: bool, resets_at: u64) -> UsageWindow {
+        UsageWindow {
+            name: "7d_opus".into(),
+            family: Some("opus".into()),
+            utilization: Some(utilization),
+            resets_at: Some(resets_at),
+            status: Some("allowed_warning".into()),
+            blocking,
+            observed_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_spent_family_window_covered_by_extra_usage_is_serving_on_it() {
+        let mut a = account("a", AccountStatus::Ready);
+        a.options.extra_usage = ExtraUsage::Allow;
+        a.windows = vec![family_window(1.0, false, 500)];
+        let found = account_conditions(std::slice::from_ref(&a), 100);
+        assert_eq!(kinds(&found), vec![(AlertKind::ExtraUsage, "a".into())]);
+        assert_eq!(found[0].until, Some(500));
+        // The window reset: over.
+        assert!(account_conditions(std::slice::from_ref(&a), 500).is_empty());
+        // Not spent yet, or denied (the window then blocks): no extra usage.
+        a.windows = vec![family_window(0.9, false, 500)];
+        assert!(account_conditions(std::slice::from_ref(&a), 100).is_empty());
+        a.options.extra_usage = ExtraUsage::Deny;
+        a.windows = vec![family_window(1.0, true, 500)];
+        assert!(account_conditions(&[a], 100).is_empty());
+    }
+
+    #[test]
+    fn a_last_resort_account_alone_able_to_serve_is_serving() {
+        let mut lr = account("lr", AccountStatus::Ready);
+        lr.options.last_resort = true;
+        let other = account("b", AccountStatus::Ready);
+        assert!(account_conditions(&[other.clone(), lr.clone()], 0).is_empty());
+        let mut spent = other;
+        spent.status = AccountStatus::Exhausted;
+        let found = account_conditions(&[spent, lr.clone()], 0);
+        assert_eq!(kinds(&found), vec![(AlertKind::LastResort, "lr".into())]);
+        // It cannot serve either: the provider cannot.
+        lr.status = AccountStatus::Held;
+        let found = account_conditions(&[lr], 0);
+        assert_eq!(
+            kinds(&found),
+            vec![(AlertKind::ProviderUnavailable, "claude".into())]
+        );
     }
 }
