@@ -312,7 +312,7 @@ impl Alerts {
             .envs(delivery.env())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
             .kill_on_drop(true);
         let child = command
             .spawn()
@@ -325,12 +325,9 @@ impl Alerts {
             )),
             Ok(Err(e)) => Err(format!("`{program}` failed: {e}")),
             Ok(Ok(out)) if out.status.success() => Ok(out.status.to_string()),
-            Ok(Ok(out)) => {
-                // The program's own words, cut short; it was given no secret.
-                let stderr = String::from_utf8_lossy(&out.stderr);
-                let said: String = stderr.trim().chars().take(200).collect();
-                Err(format!("`{program}` {}: {said}", out.status))
-            }
+            // Not its words: a notifier may quote the service URL (and its token) it failed
+            // on, which the command line holds.
+            Ok(Ok(out)) => Err(format!("`{program}` {}", out.status)),
         }
     }
 
