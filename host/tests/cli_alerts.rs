@@ -15,9 +15,12 @@ use support::Served;
 
 const HOOK_PATH: &str = "/hook/T0CLISECRET99";
 
+/// Each request a receiver got: its path and body.
+type Seen = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A loopback receiver answering `status` to every request; keeps each request's path and
 /// body.
-fn receiver(status: u16) -> (String, Arc<Mutex<Vec<(String, Vec<u8>)>>>) {
+fn receiver(status: u16) -> (String, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
