@@ -112,6 +112,24 @@ fn split_key(key: &str) -> Result<(Role, String), ApiError> {
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {
         ("GET", []) => list(admin).await,
+        ("GET", [key]) if key.starts_with("alerts.") => {
+            let setting = alerts_settings(admin.host().config())
+                .into_iter()
+                .find(|s| &s.key == key)
+                .ok_or_else(|| {
+                    ApiError::not_found(
+                        "unknown-setting",
+                        format!("no setting `{key}` (`pooler config get` lists them)"),
+                    )
+                })?;
+            Reply::ok(serde_json::json!({ "setting": setting }))
+        }
+        ("PUT", [key]) if key.starts_with("alerts.") => Err(ApiError::bad_request(
+            "read-only",
+            format!(
+                "`{key}` is set in the configuration file's [alerts] table (docs/alerts.md), then `pooler serve` restarted"
+            ),
+        )),
         ("GET", [key]) => {
             let (role, key) = split_key(key)?;
             let setting = get(admin, role, key).await?;
