@@ -45,6 +45,9 @@ pub struct Alerts {
     wake: Notify,
     /// A look at the accounts and threads is wanted (an availability change was delivered).
     pub(crate) look: Notify,
+    /// Held for a whole look: two at once could apply an older reading after a newer one
+    /// and announce an episode again that had just ended.
+    pub(crate) looking: tokio::sync::Mutex<()>,
     /// Deliveries finished (sent or given up), for tests and `alerts test`.
     finished: tokio_watch::Sender<u64>,
     /// Alerts queued and not yet finished.
@@ -81,6 +84,7 @@ impl Alerts {
             queue: Mutex::default(),
             wake: Notify::new(),
             look: Notify::new(),
+            looking: tokio::sync::Mutex::new(()),
             finished: tokio_watch::Sender::new(0),
             outstanding: tokio_watch::Sender::new(0),
         }

@@ -184,6 +184,8 @@ impl Host {
     /// Look at the accounts and threads now and announce what started or ended. A source
     /// that cannot be read is skipped (its episodes stay as they were).
     pub async fn check_alerts(&self) {
+        let alerts = self.alerts().clone();
+        let _looking = alerts.looking.lock().await;
         let now = self.clock().now_ms();
         let mut alerts = Vec::new();
         if self.has_role(Role::AccountPool) {
