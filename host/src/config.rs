@@ -36,6 +36,15 @@
 //! claude-code = "/usr/local/bin/claude"   # else $POOLER_CLAUDE_CODE_BIN, else `claude` on PATH
 //! codex = "/usr/local/bin/codex"          # else $POOLER_CODEX_BIN, else `codex` on PATH
 //! turn-time-limit-s = 1800                # an agent turn's process is killed after this
+//!
+//! [alerts]                                # when the pool needs a person (docs/alerts.md)
+//! webhook = "https://hooks.slack.com/services/…"   # POSTed one document per window
+//! format = "slack"                        # json (default) | slack | ntfy
+//! command = ["apprise", "-t", "{title}", "-b", "{body}", "mailto://…"]  # no shell
+//! command-timeout-s = 30                  # the command is killed after this
+//! coalesce-s = 30                         # alerts within this window go out together
+//! check-interval-s = 30                   # how often accounts and threads are looked at
+//! allowed-hosts = ["hooks.slack.com"]     # default: the webhook's own scheme, host, port
 //! ```
 
 use std::collections::BTreeMap;
@@ -62,6 +71,132 @@ pub struct Config {
     pub core: CoreConfig,
     #[serde(default)]
     pub agents: AgentsConfig,
+    #[serde(default)]
+    pub alerts: AlertsConfig,
+}
+
+/// `[alerts]`: telling a person when the pool needs them (`docs/alerts.md`). The log and
+/// `/metrics` always get every alert; a webhook and a command only when set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AlertsConfig {
+    /// An http(s) URL each window's alerts are POSTed to. It may hold a secret (Slack's
+    /// and ntfy's URLs are their only credential): it is shown only as its origin.
+    #[serde(default)]
+    pub webhook: Option<String>,
+    /// The webhook body's shape.
+    #[serde(default)]
+    pub format: crate::alerts::format::Format,
+    /// A program and its arguments, run once per window with `{title}`, `{body}`, `{kind}`
+    /// … replaced (each argument stays one argument: no shell) and the same values in
+    /// `POOLER_ALERT_*` variables.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Real seconds the command may run before it is killed.
+    #[serde(default = "default_command_timeout_s")]
+    pub command_timeout_s: u64,
+    /// Host-clock seconds alerts are gathered before one delivery (0: at once); an
+    /// episode that starts and ends within it is not sent.
+    #[serde(default = "default_coalesce_s")]
+    pub coalesce_s: u64,
+    /// Host-clock seconds between looks at the accounts and threads (0: only after the
+    /// pool signals an availability change).
+    #[serde(default = "default_check_interval_s")]
+    pub check_interval_s: u64,
+    /// Where the webhook may be sent (entries as in `[plugins.*] allowed-hosts`); default:
+    /// the webhook URL's own scheme, host and port.
+    #[serde(default)]
+    pub allowed_hosts: Option<Vec<String>>,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        AlertsConfig {
+            webhook: None,
+            format: Default::default(),
+            command: None,
+            command_timeout_s: default_command_timeout_s(),
+            coalesce_s: default_coalesce_s(),
+            check_interval_s: default_check_interval_s(),
+            allowed_hosts: None,
+        }
+    }
+}
+
+fn default_command_timeout_s() -> u64 {
+    30
+}
+fn default_coalesce_s() -> u64 {
+    30
+}
+fn default_check_interval_s() -> u64 {
+    30
+}
+
+impl AlertsConfig {
+    /// Whether any delivery besides the log and `/metrics` is set.
+    pub fn delivers(&self) -> bool {
+        self.webhook.is_some() || self.command.is_some()
+    }
+
+    /// The webhook as a person may see it: its origin only (the path may be a secret).
+    pub fn webhook_shown(&self) -> Option<String> {
+        self.webhook.as_deref().map(|url| {
+            crate::imports::http_out::Origin::of_url(url)
+                .map_or_else(|| "(set)".to_string(), |o| format!("{o}/…"))
+        })
+    }
+
+    /// The hosts the webhook may reach.
+    pub fn allowed_hosts(&self) -> Vec<String> {
+        match (&self.allowed_hosts, &self.webhook) {
+            (Some(hosts), _) => hosts.clone(),
+            (None, Some(url)) => crate::imports::http_out::Origin::of_url(url)
+                .map(|o| vec![o.to_string()])
+                .unwrap_or_default(),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if let Some(url) = &self.webhook {
+            // The value is not repeated: it may be a secret.
+            if crate::imports::http_out::Origin::of_url(url).is_none()
+                || crate::imports::http_out::AllowList::check_value(url).is_err()
+                || !url.trim().to_ascii_lowercase().starts_with("http")
+            {
+                bail!(
+                    "alerts.webhook must be an absolute https:// URL (plain http:// only to loopback)"
+                );
+            }
+        }
+        if let Some(command) = &self.command {
+            if command.first().is_none_or(|p| p.trim().is_empty()) {
+                bail!(
+                    "alerts.command must name a program first, e.g. [\"apprise\", \"-b\", \"{{body}}\", URL]"
+                );
+            }
+            for arg in command {
+                if let Some(name) = crate::alerts::format::unknown_placeholders(arg).first() {
+                    bail!(
+                        "alerts.command has an unknown placeholder `{{{name}}}` (known: {})",
+                        crate::alerts::format::PLACEHOLDERS
+                            .map(|p| format!("{{{p}}}"))
+                            .join(", ")
+                    );
+                }
+            }
+        }
+        if self.command_timeout_s == 0 {
+            bail!("alerts.command-timeout-s must be positive");
+        }
+        for host in self.allowed_hosts.iter().flatten() {
+            if let Err(e) = crate::imports::http_out::parse_entry(host) {
+                bail!("alerts.allowed-hosts: {e}");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[agents]`: the agent CLIs that run agent threads' turns.
@@ -475,6 +610,7 @@ impl Config {
         if self.agents.turn_time_limit_s == 0 {
             bail!("agents.turn-time-limit-s must be positive");
         }
+        self.alerts.validate()?;
         for (key, path) in [
             ("claude-code", &self.agents.claude_code),
             ("codex", &self.agents.codex),
@@ -621,6 +757,44 @@ mod tests {
         ] {
             let err = Config::parse(toml).unwrap_err();
             assert!(format!("{err:#}").contains(key), "{toml}: {err:#}");
+        }
+    }
+
+    #[test]
+    fn the_alerts_table_is_checked_by_name_and_hides_the_webhook_path() {
+        let config = Config::parse("").unwrap();
+        assert!(!config.alerts.delivers());
+        assert_eq!(config.alerts.coalesce_s, 30);
+        let config = Config::parse(
+            "[alerts]\nwebhook = \"https://hooks.example/services/T0/B0/SECRETPART\"\nformat = \"slack\"\ncommand = [\"apprise\", \"-t\", \"{title}\"]\ncoalesce-s = 0\n",
+        )
+        .unwrap();
+        assert!(config.alerts.delivers());
+        assert_eq!(config.alerts.format, crate::alerts::format::Format::Slack);
+        let shown = config.alerts.webhook_shown().unwrap();
+        assert!(!shown.contains("SECRETPART"), "{shown}");
+        assert_eq!(
+            config.alerts.allowed_hosts(),
+            vec!["https://hooks.example:443"]
+        );
+        for (bad, named) in [
+            (
+                "webhook = \"http://example.com/SECRETPART\"",
+                "alerts.webhook",
+            ),
+            ("webhook = \"not a url SECRETPART\"", "alerts.webhook"),
+            ("command = []", "alerts.command"),
+            ("command = [\"x\", \"{tittle}\"]", "tittle"),
+            ("format = \"teams\"", "teams"),
+            ("command-timeout-s = 0", "command-timeout-s"),
+            ("webhok = \"x\"", "webhok"),
+        ] {
+            let err = format!(
+                "{:#}",
+                Config::parse(&format!("[alerts]\n{bad}\n")).unwrap_err()
+            );
+            assert!(err.contains(named), "{bad}: {err}");
+            assert!(!err.contains("SECRETPART"), "{bad}: {err}");
         }
     }
 

@@ -39,6 +39,7 @@
 //! ```
 
 pub mod admin;
+pub mod alerts;
 pub mod allocator;
 pub mod bindings;
 pub mod cli;

@@ -234,6 +234,12 @@ impl Host {
             mediation: queue.clone(),
         })?;
         tokio::spawn(deliver(queue, Arc::downgrade(&host.shared)));
+        tokio::spawn(
+            host.shared
+                .alerts
+                .clone()
+                .run_deliveries(host.shared.alerts_stop.subscribe()),
+        );
         Ok(host)
     }
 }
@@ -371,6 +377,8 @@ pub(crate) async fn deliver(queue: Arc<ChangeQueue>, host: Weak<Shared>) {
                 }
             }
         }
+        // What the pool can serve may have changed: the alerts' watcher looks soon.
+        host_handle.alerts().look.notify_one();
         drop(host_handle);
         if failed {
             // The first redelivery is immediate; a listener that keeps failing is given

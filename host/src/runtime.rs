@@ -165,17 +165,22 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) data_dir: PathBuf,
     pub(crate) clock: SharedClock,
-    services: Services,
+    pub(crate) services: Services,
     pub(crate) pool: Option<Loaded<PoolPre>>,
     pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
     pub(crate) mediation: Arc<dyn Mediation>,
     /// The routes whose answers the listener records (agent turns running).
     pub(crate) taps: Arc<crate::tap::Taps>,
+    /// Alerts to a person (`[alerts]`).
+    pub(crate) alerts: Arc<crate::alerts::Alerts>,
+    /// Stops the alerts' delivery task when the host goes.
+    pub(crate) alerts_stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         self.mediation.close();
+        self.alerts_stop.send_replace(true);
     }
 }
 
@@ -374,6 +379,14 @@ impl Host {
         )?;
         let databases = crate::imports::sqlite::ConnectionCache::new();
         crate::imports::sqlite::ConnectionCache::spawn_checkpoints(&databases, seed.is_some());
+        let client = OutgoingClient::new();
+        let metrics: Arc<crate::metrics::Registry> = Arc::default();
+        let alerts = Arc::new(crate::alerts::Alerts::new(
+            config.alerts.clone(),
+            clock.clone(),
+            metrics.clone(),
+            client.clone(),
+        ));
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
             let Wiring {
                 availability,
@@ -387,18 +400,20 @@ impl Host {
                 clock: clock.clone(),
                 services: Services {
                     clock,
-                    client: OutgoingClient::new(),
+                    client,
                     threads,
                     availability,
                     changes,
                     databases,
-                    metrics: Arc::default(),
+                    metrics,
                     seeds: seed.map(|seed| Arc::new(crate::state::Seeds::new(seed))),
                 },
                 pool,
                 retry,
                 mediation,
                 taps: Arc::default(),
+                alerts,
+                alerts_stop: tokio::sync::watch::Sender::new(false),
             }
         });
         Ok(Host { shared })

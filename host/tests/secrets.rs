@@ -5,7 +5,9 @@
 //! an upstream 401 that echoes the key it refused (as `invalid x-api-key sk-ant-…`), an
 //! upstream 400 passed through that echoes it too, the pool's own 401 for a wrong route
 //! token — and runs every read command (text and `--json`) and reads the admin API's
-//! overview and accounts (what the status page shows), then searches the whole log, every
+//! overview and accounts (what the status page shows), and has the alerts of the account
+//! whose key was refused sent to a webhook (whose URL's path is a secret too) and a
+//! command, then searches the whole log, every
 //! output and the bodies the client got for each secret and for every 12-character
 //! piece of its secret part (so a secret cut short or embedded in a longer string is found
 //! too). It also checks the per-request JSON line has its fields as members.
@@ -35,6 +37,8 @@ const REFRESH_NEW: &str = "sk-ant-ort01-Zx1cV5bN9mQ3wE7rNEWR";
 const LOG_FILTER: &str = "debug,pooler=trace,cranelift_codegen=info,cranelift_frontend=info,\
                           wasmtime_cranelift=info,regalloc2=info,wasmtime=info";
 const PREFIXES: [&str; 3] = ["sk-ant-api03-", "sk-ant-oat01-", "sk-ant-ort01-"];
+/// The webhook's path: its credential, as a Slack or ntfy URL's is.
+const HOOK_PATH: &str = "/hook/Wb7nK3xQ9pL2mZ5vHOOK";
 
 /// Every 12-character piece of `secret`'s secret part (after a known prefix), and the secret
 /// itself.
@@ -149,6 +153,28 @@ fn serve_one(stream: TcpStream) {
     }
 }
 
+/// A webhook receiver on 127.0.0.1 answering 200: keeps each body it is sent.
+fn start_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = bodies.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            if let Some(req) = support::read_request(&mut reader) {
+                keep.lock().unwrap().push(text(&req.body));
+            }
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+        }
+    });
+    (url, bodies)
+}
+
 /// A `pooler serve` logging JSON at trace level to a file.
 struct Server {
     child: Child,
@@ -160,13 +186,16 @@ struct Server {
 }
 
 impl Server {
-    fn start() -> Server {
+    fn start(extra: impl FnOnce(&std::path::Path) -> String) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let config = dir.path().join("pooler.toml");
         std::fs::write(
             &config,
-            "[plugins.account-pool]\ncomponent = \"embedded\"\n",
+            format!(
+                "[plugins.account-pool]\ncomponent = \"embedded\"\n{}",
+                extra(dir.path())
+            ),
         )
         .unwrap();
         let log = dir.path().join("serve.log");
@@ -338,7 +367,28 @@ fn disable(server: &Server, outputs: &mut Outputs, id: &str) {
 #[test]
 fn no_secret_is_ever_logged_or_printed_on_any_path() {
     let upstream = start_upstream();
-    let server = Server::start();
+    let (hook, hook_bodies) = start_receiver();
+    let server = Server::start(|dir| {
+        // The alert command records its arguments and environment.
+        let program = dir.join("notify");
+        std::fs::write(
+            &program,
+            format!(
+                "#!/bin/sh\n{{ printf '%s\\n' \"$@\"; env | grep '^POOLER_ALERT_'; }} >> '{}'\n",
+                dir.join("notified").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &program,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        format!(
+            "[alerts]\nwebhook = \"{hook}{HOOK_PATH}\"\ncoalesce-s = 0\ncommand = [\"{}\", \"{{title}}\", \"{{body}}\", \"{{json}}\"]\n",
+            program.display()
+        )
+    });
     let mut outputs = Outputs::default();
     let admin_token = std::fs::read_to_string(server.data.join("admin-token")).unwrap();
 
@@ -448,6 +498,37 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         "{refused}"
     );
     outputs.0.push(("the client's 401".into(), refused));
+    // Its key refused, the account is in error, and nothing else serves: the alerts (a
+    // look forced by `pooler alerts`) go to the webhook and the command.
+    for args in [
+        vec!["alerts"],
+        vec!["alerts", "--json"],
+        vec!["alerts", "test"],
+    ] {
+        let out = server.pooler(&args, &[], None);
+        ok(&out, "pooler alerts");
+        outputs.keep(&args.join(" "), &out);
+    }
+    let started = Instant::now();
+    while !hook_bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|b| b.contains("account-error"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no account-error alert at the webhook: {:?}",
+            hook_bodies.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let alerted = hook_bodies.lock().unwrap().join("\n");
+    assert!(
+        alerted.contains("invalid x-api-key [redacted]"),
+        "{alerted}"
+    );
+    outputs.0.push(("the webhook's bodies".into(), alerted));
 
     // An upstream 400 passed through as is, but for the key it echoes.
     let echo_id = add_key(&server, &mut outputs, KEY_ECHO, "echo");
@@ -599,7 +680,16 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         "every line is one JSON object"
     );
 
+    let notified =
+        std::fs::read_to_string(server.dir.path().join("notified")).expect("the alert command ran");
+    assert!(notified.contains("POOLER_ALERT_KIND="), "{notified}");
+    outputs.0.push((
+        "the alert command's arguments and environment".into(),
+        notified,
+    ));
+
     let secrets: Vec<String> = [
+        HOOK_PATH,
         KEY_OK,
         KEY_FAIL,
         KEY_BAD,

@@ -73,6 +73,7 @@ areas! {
     "retry" => retry,
     "overview" => overview,
     "page" => page,
+    "alerts" => alerts,
 }
 
 mod fields;

@@ -112,6 +112,24 @@ fn split_key(key: &str) -> Result<(Role, String), ApiError> {
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {
         ("GET", []) => list(admin).await,
+        ("GET", [key]) if key.starts_with("alerts.") => {
+            let setting = alerts_settings(admin.host().config())
+                .into_iter()
+                .find(|s| &s.key == key)
+                .ok_or_else(|| {
+                    ApiError::not_found(
+                        "unknown-setting",
+                        format!("no setting `{key}` (`pooler config get` lists them)"),
+                    )
+                })?;
+            Reply::ok(serde_json::json!({ "setting": setting }))
+        }
+        ("PUT", [key]) if key.starts_with("alerts.") => Err(ApiError::bad_request(
+            "read-only",
+            format!(
+                "`{key}` is set in the configuration file's [alerts] table (docs/alerts.md), then `pooler serve` restarted"
+            ),
+        )),
         ("GET", [key]) => {
             let (role, key) = split_key(key)?;
             let setting = get(admin, role, key).await?;
@@ -157,8 +175,38 @@ async fn list(admin: &Admin) -> Result<Reply, ApiError> {
                 .map(|s| SettingView::from_retry(s, prefix(Role::ProviderRetry))),
         );
     }
+    all.extend(alerts_settings(admin.host().config()));
     all.sort_by(|a, b| a.key.cmp(&b.key));
     Reply::ok(serde_json::json!({ "settings": all }))
+}
+
+/// The host's `[alerts]` table as read-only settings (`alerts.…`): it is set in the
+/// configuration file. The webhook shows as its origin and the command as its program
+/// only: either may carry a notification service's secret.
+fn alerts_settings(config: &crate::config::Config) -> Vec<SettingView> {
+    let view = super::alerts::config_view(&config.alerts);
+    let defaults = super::alerts::config_view(&crate::config::AlertsConfig::default());
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "(none)".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    [
+        ("webhook", "the URL each window of alerts is POSTed to (origin shown)"),
+        ("format", "the webhook's body: json, slack or ntfy"),
+        ("command", "the program run once per window of alerts (program shown)"),
+        ("command_timeout_s", "seconds the command may run"),
+        ("coalesce_s", "seconds alerts are gathered into one delivery"),
+        ("check_interval_s", "seconds between looks at the accounts and threads"),
+    ]
+    .into_iter()
+    .map(|(field, what)| SettingView {
+        key: format!("alerts.{}", field.replace('_', "-")),
+        value: text(&view[field]),
+        default: text(&defaults[field]),
+        description: format!("{what}; set in the configuration file's [alerts]"),
+    })
+    .collect()
 }
 
 async fn get(admin: &Admin, role: Role, key: String) -> Result<SettingView, ApiError> {

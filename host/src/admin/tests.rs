@@ -109,10 +109,40 @@ async fn a_missing_plugin_is_503() {
     let (code, message) = error(&body);
     assert_eq!(code, "plugin-unavailable");
     assert!(message.contains("account-pool"), "{message}");
-    // With no plugin loaded there are simply no settings.
+    // With no plugin loaded there are no plugin settings, only the host's read-only
+    // `[alerts]` table.
     let (status, body) = call(&admin, "GET", "/_pooler/settings", Some(TOKEN), "").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body["settings"], serde_json::json!([]));
+    let keys: Vec<&str> = body["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key"].as_str().unwrap())
+        .collect();
+    assert!(
+        !keys.is_empty() && keys.iter().all(|k| k.starts_with("alerts.")),
+        "{keys:?}"
+    );
+    let (status, body) = call(
+        &admin,
+        "PUT",
+        "/_pooler/settings/alerts.webhook",
+        Some(TOKEN),
+        r#"{"value":"https://x.example/hook"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error(&body).1.contains("[alerts]"), "{body}");
+    let (status, body) = call(
+        &admin,
+        "GET",
+        "/_pooler/settings/alerts.format",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["setting"]["value"], "json");
 }
 
 #[tokio::test]

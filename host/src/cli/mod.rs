@@ -90,6 +90,7 @@ groups! {
     Retry => retry,
     Status => status,
     Page => page,
+    Alerts => alerts,
 }
 
 /// Local input that cannot be used (an unreadable file, an empty key): exit 2, like clap's

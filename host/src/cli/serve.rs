@@ -86,6 +86,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         &data_dir,
     );
     let interval = Duration::from_secs(config.maintenance.interval_s);
+    let alerts_interval = Duration::from_secs(config.alerts.check_interval_s);
     let clock: pooler_core::clock::SharedClock = Arc::new(pooler_core::clock::SystemClock::new());
     // The core first: its recovery runs before any plugin call, and its `threads` service
     // answers the plugins' import.
@@ -125,8 +126,10 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // directory's only one.
     host.start_pool().await;
     let maintenance = tokio::spawn(host.clone().run_maintenance(interval));
+    let alerts = tokio::spawn(host.clone().run_alerts(alerts_interval));
     let result = server.run(shutdown_signal()).await;
     maintenance.abort();
+    alerts.abort();
     // Let a due pass finish the row it is gating; running turns are recorded as
     // interrupted at the next start.
     core.shutdown().await;

@@ -49,6 +49,16 @@ impl Inner {
                 Ok(()) => {
                     self.redeliver_at.lock().unwrap().remove(&event.id);
                     delivered_any = true;
+                    // Provider Retry has taken this failure on: the alerts' watcher can
+                    // tell from now on whether it will retry it.
+                    if let PluginEvent::TurnFailed(failed) = &event.event {
+                        host.alerts()
+                            .threads
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .note(&failed.thread, &failed.failed_request);
+                        host.alerts().look.notify_one();
+                    }
                     if let Err(e) = self.core.ack(SUBSCRIBER, event.id) {
                         tracing::error!(event = event.id, error = %e, "cannot acknowledge a delivered event; it will be delivered again");
                         held_threads.insert(thread);

@@ -58,6 +58,31 @@ impl OutgoingClient {
     }
 }
 
+impl OutgoingClient {
+    /// Send a small request the host makes itself (an alert's webhook; the caller checks
+    /// its allow-list first): answers the status, the body read (at most 64 KiB) and
+    /// dropped. The error says what failed, never the URL (it may hold a secret).
+    pub async fn send_bytes(&self, request: hyper::Request<bytes::Bytes>) -> Result<u16, String> {
+        let request = request.map(|body| {
+            http_body_util::Full::new(body)
+                .map_err(|never| match never {})
+                .boxed_unsync()
+        });
+        let response = self.client.request(request).await.map_err(|e| {
+            if e.is_connect() {
+                "cannot connect".to_string()
+            } else {
+                "the connection failed".to_string()
+            }
+        })?;
+        let status = response.status().as_u16();
+        let _ = http_body_util::Limited::new(response.into_body(), 64 << 10)
+            .collect()
+            .await;
+        Ok(status)
+    }
+}
+
 impl Default for OutgoingClient {
     fn default() -> Self {
         Self::new()
