@@ -84,6 +84,29 @@ async fn claude_tokens_match_the_usage_of_streamed_and_whole_answers() {
             sum(streamed, whole)
         )]
     );
+
+    // The same counts at `GET /metrics`, by kind.
+    let token = pool.host.admin_token().unwrap();
+    let scrape = hyper::Request::builder()
+        .method("GET")
+        .uri(format!("{}/metrics", pool.url))
+        .header("authorization", format!("Bearer {token}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let text = pool.send(scrape).await.body;
+    let total = sum(streamed, whole);
+    let a = pool.id("A");
+    for (kind, n) in [
+        ("input", total.input),
+        ("output", total.output),
+        ("cache_read", total.cache_read),
+        ("cache_write", total.cache_write),
+    ] {
+        let line = format!(
+            "pooler_pool_tokens_total{{account=\"{a}\",kind=\"{kind}\",provider=\"claude\"}} {n}\n"
+        );
+        assert!(text.contains(&line), "{line} in {text}");
+    }
 }
 
 /// Codex: a streamed answer (`response.completed`) and a whole one, whose `input_tokens`
