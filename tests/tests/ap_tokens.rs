@@ -230,7 +230,7 @@ async fn a_pinned_conversation_reads_its_cache_and_a_moved_one_writes_it_on_its_
         ("A".to_owned(), on_a),
         ("B".to_owned(), counts(2, sum(write, read))),
     ];
-    want.sort_by(|x, y| pool.id(&x.0).cmp(&pool.id(&y.0)));
+    want.sort_by_key(|x| pool.id(&x.0));
     assert_eq!(
         totals, want,
         "the refused attempt on A counts nothing; the moved conversation wrote B's cache once"
