@@ -194,7 +194,7 @@ function renderAccounts(o) {
       el("td", {}, a.blocking_reset ? when(a.blocking_reset, o.now) : a.held_until ? when(a.held_until, o.now) : "—"),
       el("td", {}, why(a)),
       el("td", { class: "pins" }, String((o.pinned_sessions || {})[a.id] || 0)),
-      el("td", {}, tokensOf((o.tokens || {})[a.id])),
+      el("td", { class: "tokens" }, tokensOf((o.tokens || {})[a.id])),
       el("td", {}, button)));
   }
   if (!o.accounts.length) body.append(el("tr", {}, el("td", { colspan: "8", class: "muted" }, "no accounts")));
