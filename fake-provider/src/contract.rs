@@ -193,6 +193,62 @@ fn token_refusal(request: &Received) -> Option<Reply> {
     })
 }
 
+/// The token usage an answer reports, in the pool's terms: `input` is the input neither
+/// read from nor written to the prompt cache. Each API's replies state it in its own shape
+/// ([`claude::message_with`], [`codex::response_with`], and their whole-body forms).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+/// The usage [`claude::message`] and [`codex::response`] report: 10 fresh input tokens, 5
+/// output tokens, nothing cached.
+pub const USAGE: Usage = Usage {
+    input: 10,
+    output: 5,
+    cache_read: 0,
+    cache_write: 0,
+};
+
+/// A stand-in for a provider's prompt cache, which is per account: a conversation's
+/// prompt is written to the cache of the account that first answers it and read from that
+/// cache on its later requests there; on another account it is written again. A
+/// conversation is its session id (Claude Code's `x-claude-code-session-id`, Codex's
+/// `session-id`), an account its credential.
+#[derive(Debug, Default)]
+pub struct PromptCache {
+    seen: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+impl PromptCache {
+    /// The usage of an answer to `request` whose prompt is `prompt` tokens (all cached
+    /// but the `fresh` last ones) and whose output is `output` tokens; the prompt is in
+    /// the account's cache afterwards.
+    pub fn usage(&self, request: &Received, prompt: u64, fresh: u64, output: u64) -> Usage {
+        let account = request
+            .header("x-api-key")
+            .or_else(|| request.header("authorization"))
+            .unwrap_or_default()
+            .to_owned();
+        let session = request
+            .header("x-claude-code-session-id")
+            .or_else(|| request.header("session-id"))
+            .unwrap_or_default()
+            .to_owned();
+        let cached = prompt.saturating_sub(fresh);
+        let first = self.seen.lock().unwrap().insert((account, session));
+        Usage {
+            input: fresh,
+            output,
+            cache_read: if first { 0 } else { cached },
+            cache_write: if first { cached } else { 0 },
+        }
+    }
+}
+
 /// Replies shaped like the Anthropic Messages API's.
 pub mod claude {
     use super::*;
@@ -273,11 +329,18 @@ pub mod claude {
     }
 
     fn start(reply: Reply, model: &str) -> Reply {
+        start_with(reply, model, USAGE)
+    }
+
+    /// `message_start` reports the input and cache counts and one output token; the
+    /// final output count comes with `message_delta` (as the API streams it).
+    fn start_with(reply: Reply, model: &str, usage: Usage) -> Reply {
         let start = json!({"type": "message_start", "message": {
             "id": "msg_fake", "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": 10, "output_tokens": 1,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}});
+            "usage": {"input_tokens": usage.input, "output_tokens": 1,
+                      "cache_creation_input_tokens": usage.cache_write,
+                      "cache_read_input_tokens": usage.cache_read}}});
         reply.event("message_start", &start.to_string()).event(
             "content_block_start",
             r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
@@ -290,16 +353,42 @@ pub mod claude {
         reply.event("content_block_delta", &delta.to_string())
     }
 
-    /// A complete streamed answer with `text` (`stop_reason: end_turn`).
+    /// A complete streamed answer with `text` (`stop_reason: end_turn`), reporting
+    /// [`USAGE`].
     pub fn message(text: &str) -> Reply {
-        let reply = delta(start(Reply::sse(), "claude-sonnet-4-5"), text);
+        message_with(text, USAGE)
+    }
+
+    /// A complete streamed answer with `text` reporting `usage`.
+    pub fn message_with(text: &str, usage: Usage) -> Reply {
+        let reply = delta(start_with(Reply::sse(), "claude-sonnet-4-5", usage), text);
+        let end = json!({"type": "message_delta",
+                         "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                         "usage": {"output_tokens": usage.output}});
         reply
-            .event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#)
             .event(
-                "message_delta",
-                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":5}}"#,
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
             )
+            .event("message_delta", &end.to_string())
             .event("message_stop", r#"{"type":"message_stop"}"#)
+    }
+
+    /// A whole (non-streamed) answer with `text` reporting `usage`.
+    pub fn message_body(text: &str, usage: Usage) -> Reply {
+        Reply::status(200)
+            .header("content-type", "application/json")
+            .header("request-id", "req_fake")
+            .body(
+                json!({"id": "msg_fake", "type": "message", "role": "assistant",
+                       "model": "claude-sonnet-4-5",
+                       "content": [{"type": "text", "text": text}],
+                       "stop_reason": "end_turn", "stop_sequence": null,
+                       "usage": {"input_tokens": usage.input, "output_tokens": usage.output,
+                                 "cache_creation_input_tokens": usage.cache_write,
+                                 "cache_read_input_tokens": usage.cache_read}})
+                .to_string(),
+            )
     }
 
     /// A stream that starts answering with `text` and then fails with an `error` event of
@@ -399,8 +488,39 @@ pub mod codex {
             .header("x-codex-credits-unlimited", "False")
     }
 
-    /// A complete Responses stream answering `text`.
+    /// The Responses API's `usage`: its `input_tokens` count the cached ones too (a
+    /// prompt cache write is not reported, so `usage.cache_write` must be 0).
+    fn usage_json(usage: Usage) -> Value {
+        let input = usage.input + usage.cache_read;
+        json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": usage.cache_read},
+               "output_tokens": usage.output, "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": input + usage.output})
+    }
+
+    fn response_object(text: &str, usage: Usage) -> Value {
+        json!({"id": "resp_fake", "object": "response", "status": "completed",
+               "model": "gpt-5-codex",
+               "output": [{"type": "message", "id": "msg_fake", "role": "assistant",
+                           "status": "completed",
+                           "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+               "usage": usage_json(usage)})
+    }
+
+    /// A whole (non-streamed) Responses answer with `text` reporting `usage`.
+    pub fn response_body(text: &str, usage: Usage) -> Reply {
+        Reply::status(200)
+            .header("content-type", "application/json")
+            .body(response_object(text, usage).to_string())
+    }
+
+    /// A complete Responses stream answering `text`, reporting [`USAGE`].
     pub fn response(text: &str) -> Reply {
+        response_with(text, USAGE)
+    }
+
+    /// A complete Responses stream answering `text`, reporting `usage` in its
+    /// `response.completed`.
+    pub fn response_with(text: &str, usage: Usage) -> Reply {
         let item = json!({"type": "message", "id": "msg_fake", "role": "assistant", "status": "completed",
                           "content": [{"type": "output_text", "text": text, "annotations": []}]});
         Reply::sse()
@@ -426,10 +546,8 @@ pub mod codex {
             )
             .event(
                 "response.completed",
-                &json!({"type": "response.completed", "response": {"id": "resp_fake",
-                        "usage": {"input_tokens": 10, "input_tokens_details": null, "output_tokens": 5,
-                                  "output_tokens_details": null, "total_tokens": 15}}})
-                .to_string(),
+                &json!({"type": "response.completed", "response": response_object(text, usage)})
+                    .to_string(),
             )
     }
 }

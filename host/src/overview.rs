@@ -18,6 +18,10 @@
 //! - `pinned_sessions`: per account id, how many conversations are pinned to it now (the
 //!   pool's `routing.list-sessions`; pins whose first request is still in flight are not
 //!   counted). An account with none is absent.
+//! - `tokens`: per account id, the token usage its served answers reported today (since the
+//!   local midnight of the reader's UTC offset, `?utc_offset_s=` on the request; UTC
+//!   without it; the instant is `tokens_today_since`) and in the last five hours (the pool's
+//!   `tokens.totals`). An account with none is absent.
 //! - `problems`: the parts that could not be read (a plugin not loaded, no core, a plugin that
 //!   failed), each with its message; the rest of the snapshot is still filled in.
 
@@ -25,7 +29,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{AccountView, AvailabilityView, CandidateView, ProviderName};
+use crate::wire::{AccountTokensView, AccountView, AvailabilityView, CandidateView, ProviderName};
 
 /// The snapshot; see the module docs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,7 +42,21 @@ pub struct Overview {
     /// Account id → sessions pinned to it (absent: none).
     #[serde(default)]
     pub pinned_sessions: BTreeMap<String, usize>,
+    /// Account id → its token usage today and in the last five hours (absent: none).
+    #[serde(default)]
+    pub tokens: BTreeMap<String, AccountTokensView>,
+    /// When "today" began for `tokens` (epoch ms).
+    #[serde(default)]
+    pub tokens_today_since: u64,
     pub problems: Vec<Problem>,
+}
+
+/// The start of the day `now` falls in, at `utc_offset_s` east of UTC (epoch ms).
+pub fn day_start(now: u64, utc_offset_s: i32) -> u64 {
+    let off = i64::from(utc_offset_s) * 1000;
+    let local = i64::try_from(now).unwrap_or(i64::MAX).saturating_add(off);
+    let start = local - local.rem_euclid(86_400_000) - off;
+    u64::try_from(start).unwrap_or(0)
 }
 
 /// One provider's accounts, summed up.

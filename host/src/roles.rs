@@ -45,6 +45,7 @@ const ACCOUNT_POOL: WorldShape = WorldShape {
         "accounts",
         "maintenance",
         "settings",
+        "tokens",
     ],
     foreign_exports: &["wasi:http/incoming-handler"],
     imports: &[
@@ -283,6 +284,7 @@ mod tests {
                 "pooler:plugins/accounts@0.1.0",
                 "pooler:plugins/maintenance@0.1.0",
                 "pooler:plugins/settings@0.1.0",
+                "pooler:plugins/tokens@0.1.0",
                 "wasi:http/incoming-handler@0.2.4",
             ]),
         }

@@ -358,3 +358,54 @@ pub struct ChainView {
     pub original_request: String,
     pub entries: Vec<EntryView>,
 }
+
+// Tokens (`/_pooler/tokens`, the overview, `GET /threads/{id}`).
+
+/// Tokens of served answers by kind, as the pool's `tokens.token-counts` states them: the
+/// input kinds never overlap (every input token is fresh `input`, a `cache_read` or a
+/// `cache_write`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCountsView {
+    /// Answers that reported usage.
+    pub answers: u64,
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+impl TokenCountsView {
+    /// The share of input tokens read from the prompt cache (0 to 1); None with no input.
+    pub fn cache_hit_share(&self) -> Option<f64> {
+        let all = self
+            .input
+            .saturating_add(self.cache_read)
+            .saturating_add(self.cache_write);
+        (all > 0).then(|| self.cache_read as f64 / all as f64)
+    }
+
+    /// Whether nothing was counted.
+    pub fn is_empty(&self) -> bool {
+        *self == TokenCountsView::default()
+    }
+}
+
+/// The usage of one group (`tokens.token-total`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenTotalView {
+    pub provider: ProviderName,
+    pub account: String,
+    /// The thread (grouped by thread only).
+    pub thread: Option<String>,
+    /// The model the answers named (grouped by thread only).
+    pub model: Option<String>,
+    pub counts: TokenCountsView,
+}
+
+/// An account's token usage today (since local midnight on the server) and in the last
+/// five hours.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountTokensView {
+    pub today: TokenCountsView,
+    pub last_5h: TokenCountsView,
+}

@@ -25,9 +25,10 @@ use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
 use pooler_host::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery;
 use pooler_host::bindings::pool::exports::pooler::plugins::routing::{Route, RoutingError};
 use pooler_host::bindings::pool::exports::pooler::plugins::settings::{Setting, SettingsError};
+use pooler_host::bindings::pool::exports::pooler::plugins::tokens::TokenGrouping;
 use pooler_host::bindings::types::{Availability, Provider};
 use pooler_host::roles::Role;
-use pooler_host::wire::SessionView;
+use pooler_host::wire::{SessionView, TokenTotalView};
 
 use crate::client::{Answer, TestClient};
 use crate::harness::{Setup, TestHost};
@@ -607,6 +608,31 @@ impl Pool {
             })
             .await
             .expect("availability.query")
+    }
+
+    /// The pool's token totals since the start (`tokens.totals`), per account, or per
+    /// thread, account and model when `by_thread`.
+    pub async fn tokens(&self, by_thread: bool) -> Vec<TokenTotalView> {
+        let grouping = if by_thread {
+            TokenGrouping::ByThread
+        } else {
+            TokenGrouping::ByAccount
+        };
+        self.host
+            .host
+            .call_pool("tokens.totals", move |store, pool| {
+                Box::pin(async move {
+                    pool.pooler_plugins_tokens()
+                        .call_totals(store, 0, None, grouping)
+                        .await
+                })
+            })
+            .await
+            .expect("tokens.totals")
+            .expect("the pool's totals")
+            .into_iter()
+            .map(TokenTotalView::from)
+            .collect()
     }
 
     /// The pool's maintenance tick at the host clock's time.

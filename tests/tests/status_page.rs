@@ -8,8 +8,10 @@
 //! Retry holds a retry row at the end of A's hold. The browser signs in with a one-time link
 //! (as `pooler page` prints), sees both accounts and the waiting thread, clicks "Enable" on
 //! B: the server moves the row to within a minute (checked on the server's state), and the
-//! page shows the earlier time. Then "Send now" sends the retry, served by B. A screenshot
-//! of the page with the moved retry is written to `target/browser/status-page.png`.
+//! page shows the earlier time. Then "Send now" sends the retry, served by B, whose tokens
+//! the page then shows. A screenshot
+//! of the page with the moved retry is written to `target/browser/status-page.png`, and
+//! one with B's tokens to `target/browser/status-page-tokens.png`.
 //!
 //! The manual clock never moves: nothing is sent by time. The only waits are for the
 //! browser's own work (its requests, the page's 2 s refresh), bounded.
@@ -220,6 +222,23 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
             .as_deref(),
         Some("0")
     );
+    // B's answer reported its usage (the fake's 10 input and 5 output tokens): the page
+    // shows B's tokens today; A, whose only answer was a 429, has none.
+    blocking(|| {
+        browser.wait_for("B's tokens on the page", BROWSER, |br| {
+            br.text(&format!("tr[data-account=\"{b}\"] td.tokens"))?
+                .starts_with("in 10 · out 5 · cache read 0 · write 0")
+                .then_some(())
+        })
+    });
+    assert_eq!(
+        browser
+            .text(&format!("tr[data-account=\"{a}\"] td.tokens"))
+            .as_deref(),
+        Some("—")
+    );
+    let shot = target_dir().join("browser").join("status-page-tokens.png");
+    blocking(|| browser.screenshot(&shot));
     drop(browser);
 }
 

@@ -7,7 +7,7 @@
 //! |-----------------------------------|-----------------------------|--------|
 //! | `POST /threads`                   | `{text, provider?, model?, agent?, cwd?, args?}` | 201 `{"thread": view, "request": id}` |
 //! | `GET /threads`                    |                             | `{"threads": [view]}` |
-//! | `GET /threads/{id}`               |                             | `{"thread": view, "turns", "rows", "history"}` |
+//! | `GET /threads/{id}`               |                             | `{"thread": view, "turns", "rows", "history", "tokens"}` |
 //! | `POST /threads/{id}/messages`     | `{text}`                    | 201 `{"thread": id, "request": id}` |
 //! | `POST /threads/{id}/cancel`       |                             | `{"thread": id, "cancelled": true}`; 404 `not-running` |
 //! | `POST /threads/{id}/archive`      |                             | `{"thread": id, "archived": true}` |
@@ -18,7 +18,9 @@
 //! A thread view is the core's `thread-info` plus `session_id`, `created_at`, `agent`
 //! (`http`, `claude-code`, `codex`), `agent_session` and `cwd`; turns carry
 //! their attempt number, chain, trigger (`user`, `retry`, `send-now`) and outcome with the
-//! classified failure; rows are the live retry rows with their send times. The route token
+//! classified failure; rows are the live retry rows with their send times; `tokens` is the
+//! pool's count of the thread's tokens per account and model (`tokens.totals`, null when
+//! the pool cannot say). The route token
 //! is never part of an answer.
 
 use std::sync::Arc;
@@ -137,7 +139,13 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
         }
         ("GET", [thread]) => {
             let show = link.core().show(thread).map_err(|e| refused(e.into()))?;
-            Reply::ok(json(show)?)
+            let mut answer = json(show)?;
+            // The pool's count of the thread's tokens; null when it cannot say (no pool).
+            let tokens = super::tokens::totals(admin, 0, Some((*thread).to_owned()), true)
+                .await
+                .ok();
+            answer["tokens"] = serde_json::to_value(tokens).unwrap_or_default();
+            Reply::ok(answer)
         }
         ("POST", [thread, "messages"]) => {
             let mut fields = req.fields()?;

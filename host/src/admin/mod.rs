@@ -72,6 +72,7 @@ areas! {
     "threads" => core,
     "retry" => retry,
     "overview" => overview,
+    "tokens" => tokens,
     "page" => page,
     "alerts" => alerts,
 }

@@ -3,7 +3,9 @@
 //! (`accounts.list-accounts`), the core's threads and live rows, Provider Retry's open
 //! candidates (`retry-admin.status`) and the pool's availability answer for each thread
 //! (`availability.query-many`, asked as the `admin` caller), the pins per account
-//! (`routing.list-sessions`) and each provider's routing strategy (`settings.list-settings`). A part that cannot be read is a
+//! (`routing.list-sessions`), each provider's routing strategy (`settings.list-settings`)
+//! and each account's token usage today and in the last five hours (`tokens.totals`, "today"
+//! from the local midnight of `?utc_offset_s=`, seconds east of UTC). A part that cannot be read is a
 //! `problems` entry with its message, never a failed answer: in an incident the rest of the
 //! screen is what a person needs.
 
@@ -13,11 +15,26 @@ use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
 use crate::bindings::types::Provider;
 use crate::overview::{Overview, Problem, RowOverview, ThreadOverview, summarize};
-use crate::wire::{AccountView, CandidateView, ProviderName};
+use crate::wire::{AccountTokensView, AccountView, CandidateView, ProviderName};
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {
-        ("GET", []) => Reply::ok(overview(admin).await),
+        ("GET", []) => {
+            let offset = match req.query("utc_offset_s") {
+                None => 0,
+                Some(s) => s
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|o| o.abs() <= 14 * 3600)
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid-utc-offset",
+                            "utc_offset_s must be seconds east of UTC, within ±14 hours",
+                        )
+                    })?,
+            };
+            Reply::ok(overview(admin, offset).await)
+        }
         _ => Err(ApiError::no_endpoint(req)),
     }
 }
@@ -30,7 +47,7 @@ fn problem(part: &str, message: impl Into<String>) -> Problem {
 }
 
 /// Gather the snapshot (see the module docs).
-pub(super) async fn overview(admin: &Admin) -> Overview {
+pub(super) async fn overview(admin: &Admin, utc_offset_s: i32) -> Overview {
     let now = admin.host().clock().now_ms();
     let mut problems = Vec::new();
 
@@ -65,6 +82,27 @@ pub(super) async fn overview(admin: &Admin) -> Overview {
             }
         }
         Err(e) => problems.push(problem("sessions", e.message)),
+    }
+    let today = crate::overview::day_start(now, utc_offset_s);
+    let mut tokens: BTreeMap<String, AccountTokensView> = BTreeMap::new();
+    let five_hours_ago = now.saturating_sub(super::tokens::FIVE_HOURS_MS);
+    for (since, last_5h) in [(today, false), (five_hours_ago, true)] {
+        match super::tokens::totals(admin, since, None, false).await {
+            Ok(totals) => {
+                for t in totals {
+                    let entry = tokens.entry(t.account).or_default();
+                    *(if last_5h {
+                        &mut entry.last_5h
+                    } else {
+                        &mut entry.today
+                    }) = t.counts;
+                }
+            }
+            Err(e) => {
+                problems.push(problem("tokens", e.message));
+                break;
+            }
+        }
     }
     // The routing strategy per provider: a settings read that fails costs only that word.
     let settings = admin
@@ -182,6 +220,8 @@ pub(super) async fn overview(admin: &Admin) -> Overview {
         accounts,
         threads: threads.into_iter().map(|(_, t)| t).collect(),
         pinned_sessions,
+        tokens,
+        tokens_today_since: today,
         problems,
     }
 }

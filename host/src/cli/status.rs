@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::UsageError;
 use super::client::ClientArgs;
 use crate::overview::{Overview, Serving};
-use crate::wire::{AccountView, AvailabilityView};
+use crate::wire::{AccountView, AvailabilityView, TokenCountsView};
 
 /// Is the pool healthy, and are the threads moving? Providers, accounts, threads and their
 /// retries on one screen.
@@ -57,8 +57,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         return Err(UsageError("--watch needs a number of seconds of at least 1".into()).into());
     }
     let client = args.client.connect()?;
+    // "Today" of the token counts is the local day.
+    let path = format!("overview?utc_offset_s={}", local_offset_s(now_ms()));
     let Some(every) = args.watch else {
-        let answer = client.get("overview").await?;
+        let answer = client.get(&path).await?;
         return args.client.print(&answer, |answer| {
             let overview: Overview = serde_json::from_value(answer.clone())?;
             print!("{}", render(&overview, overview.now, local_style(overview.now)));
@@ -68,7 +70,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Ctrl-C is heard from before the first screen is drawn.
     let mut interrupted = Box::pin(interrupted()?);
     loop {
-        let answer = client.get("overview").await;
+        let answer = client.get(&path).await;
         if args.client.json {
             println!("{}", super::format::json_text(&answer?, false));
         } else {
@@ -110,6 +112,13 @@ fn interrupted() -> anyhow::Result<impl Future<Output = ()>> {
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
     })
+}
+
+/// This machine's clock (epoch ms), for the local UTC offset.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Colour when stdout is a terminal and `NO_COLOR` is unset; the local offset at `now`.
@@ -250,6 +259,33 @@ fn bar(utilization: f64) -> String {
     format!("[{}{}]", "#".repeat(filled), "-".repeat(CELLS - filled))
 }
 
+/// A token count for people: `950`, `12.3k`, `4.1M`.
+pub fn count(n: u64) -> String {
+    match n {
+        0..1_000 => n.to_string(),
+        1_000..1_000_000 => format!("{:.1}k", n as f64 / 1e3),
+        _ => format!("{:.1}M", n as f64 / 1e6),
+    }
+}
+
+/// `in 1.2k  out 340  cache read 98.0k  write 2.1k  (cache hit 96 %, 14 answers)`.
+pub fn tokens(t: &TokenCountsView) -> String {
+    let hit = t
+        .cache_hit_share()
+        .map_or_else(String::new, |s| format!("cache hit {:.0} %, ", s * 100.0));
+    let answers = match t.answers {
+        1 => "1 answer".to_owned(),
+        n => format!("{n} answers"),
+    };
+    format!(
+        "in {}  out {}  cache read {}  write {}  ({hit}{answers})",
+        count(t.input),
+        count(t.output),
+        count(t.cache_read),
+        count(t.cache_write)
+    )
+}
+
 /// Why an account does not serve (or what a person should know), in words.
 fn why(account: &AccountView) -> Option<String> {
     if let Some(error) = &account.error {
@@ -367,6 +403,11 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
         if let Some(why) = why(a) {
             let _ = writeln!(out, "          why: {why}");
         }
+        if let Some(t) = o.tokens.get(&a.id).filter(|t| !t.today.is_empty()) {
+            for (name, span, counts) in [("tokens", "today", &t.today), ("", "last 5 h", &t.last_5h)] {
+                let _ = writeln!(out, "          {name:<10} {span:<8} {}", tokens(counts));
+            }
+        }
         for w in &a.windows {
             let name = match &w.family {
                 Some(family) => format!("{} ({family})", w.name),
@@ -471,7 +512,7 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
 mod tests {
     use super::*;
     use crate::overview::{Problem, ProviderOverview, RowOverview, ThreadOverview, summarize};
-    use crate::wire::{CandidateView, ProviderName, WindowView};
+    use crate::wire::{AccountTokensView, CandidateView, ProviderName, WindowView};
 
     const NOW: u64 = 1_764_650_000_000; // 2025-12-02T04:33:20Z
     const MIN: u64 = 60_000;
@@ -562,6 +603,28 @@ mod tests {
                 }),
             }],
             pinned_sessions: [("acc_a".to_owned(), 2)].into_iter().collect(),
+            tokens: [(
+                "acc_a".to_owned(),
+                AccountTokensView {
+                    today: TokenCountsView {
+                        answers: 14,
+                        input: 1_200,
+                        output: 340,
+                        cache_read: 98_000,
+                        cache_write: 2_100,
+                    },
+                    last_5h: TokenCountsView {
+                        answers: 1,
+                        input: 10,
+                        output: 5,
+                        cache_read: 0,
+                        cache_write: 30,
+                    },
+                },
+            )]
+            .into_iter()
+            .collect(),
+            tokens_today_since: NOW - 4 * 60 * MIN,
             problems: vec![],
         }
     }
@@ -582,6 +645,8 @@ Providers
 Accounts
   claude  Key A  acc_a  held  serves again 06:43 (in 2 h 10 m)  2 pinned sessions
           why: held after a rate limit (Retry-After)
+          tokens     today    in 1.2k  out 340  cache read 98.0k  write 2.1k  (cache hit 97 %, 14 answers)
+                     last 5 h in 10  out 5  cache read 0  write 30  (cache hit 0 %, 1 answer)
           5h         [########------------]  40%  resets 2025-12-03 07:33 (in 1 d 3 h)
   claude  Key B  acc_b  disabled  [last-resort, ≤ 4 in flight]
           why: disabled by a person
@@ -672,6 +737,8 @@ Threads
             accounts: vec![],
             threads: vec![],
             pinned_sessions: Default::default(),
+            tokens: Default::default(),
+            tokens_today_since: 0,
             problems: vec![],
         };
         let text = render(&empty, NOW, PLAIN);

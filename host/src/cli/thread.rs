@@ -273,6 +273,22 @@ fn show_text(answer: &Value, now: u64) -> String {
             out.push_str(&format!("  {line}\n"));
         }
     }
+    if let Some(totals) = answer["tokens"].as_array() {
+        out.push_str("\ntokens:\n");
+        if totals.is_empty() {
+            out.push_str("  none recorded\n");
+        }
+        for t in totals {
+            let counts: crate::wire::TokenCountsView =
+                serde_json::from_value(t["counts"].clone()).unwrap_or_default();
+            out.push_str(&format!(
+                "  {} {}  {}\n",
+                str_of(&t["account"]),
+                t["model"].as_str().unwrap_or("(model not named)"),
+                super::status::tokens(&counts)
+            ));
+        }
+    }
     let queued = answer["rows"].as_array().cloned().unwrap_or_default();
     out.push_str("\nqueued retries:\n");
     if queued.is_empty() {
@@ -325,8 +341,16 @@ mod tests {
             ],
             "rows": [{"id": 7, "attempt": 3, "send_at": 180_000, "reason": "rate limited",
                       "waiting_for_slot": true}],
+            "tokens": [{"provider": "claude", "account": "acc_a", "thread": "th_1",
+                        "model": "claude-sonnet-4-5",
+                        "counts": {"answers": 2, "input": 20, "output": 10,
+                                   "cache_read": 4_000, "cache_write": 500}}],
         });
         let text = show_text(&answer, 60_000);
+        assert!(
+            text.contains("\ntokens:\n  acc_a claude-sonnet-4-5  in 20  out 10  cache read 4.0k  write 500  (cache hit 88 %, 2 answers)\n"),
+            "{text}"
+        );
         assert!(text.contains("status   error\n"), "{text}");
         assert!(text.contains("agent    claude-code\n"), "{text}");
         assert!(text.contains("session  5f0c…\ndir      /work/repo\n"), "{text}");

@@ -30,7 +30,7 @@ use crate::admin::{self, Admin};
 use crate::engine::{Cancel, Clock, Level, Log, Random};
 use crate::model::{self, Provider};
 use crate::policy::AttemptOutcome;
-use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings};
+use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings, tokens};
 use bindings::pooler::plugins::{availability_listener, incoming_client, types};
 use pooler_plugin_kit::component::{WitDb, WitLog, WitMetrics};
 use wasi_http::WasiUpstream;
@@ -397,6 +397,42 @@ impl routing::Guest for Component {
                     })
                     .collect(),
             })
+        })
+    }
+}
+
+impl tokens::Guest for Component {
+    fn totals(
+        since: types::Timestamp,
+        thread: Option<String>,
+        grouping: tokens::TokenGrouping,
+    ) -> Result<Vec<tokens::TokenTotal>, tokens::TokensError> {
+        let by_thread = grouping == tokens::TokenGrouping::ByThread;
+        with_admin(tokens::TokensError::Storage, |a| {
+            let rows = a
+                .token_totals(since, thread.as_deref(), by_thread)
+                .map_err(|e| match e {
+                    admin::RoutingError::InvalidThread(m) => tokens::TokensError::InvalidThread(m),
+                    admin::RoutingError::Storage(m) => tokens::TokensError::Storage(m),
+                    // `token_totals` refuses nothing else.
+                    other => tokens::TokensError::Storage(format!("{other:?}")),
+                })?;
+            Ok(rows
+                .into_iter()
+                .map(|r| tokens::TokenTotal {
+                    provider: provider_out(r.provider),
+                    account: r.account,
+                    thread: r.thread,
+                    model: r.model,
+                    counts: tokens::TokenCounts {
+                        answers: r.answers,
+                        input: r.counts.input,
+                        output: r.counts.output,
+                        cache_read: r.counts.cache_read,
+                        cache_write: r.counts.cache_write,
+                    },
+                })
+                .collect())
         })
     }
 }

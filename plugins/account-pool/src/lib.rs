@@ -41,6 +41,7 @@ pub mod skim;
 pub mod store;
 pub mod stream;
 pub mod token;
+pub mod tokens;
 
 /// Strategies of the property tests (issue 18, item 13).
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 use crate::model::Provider;
 use crate::redact::StreamRedactor;
+use crate::tokens::{Meter, Tally};
 
 /// A response body that arrives in chunks.
 #[allow(async_fn_in_trait)]
@@ -95,6 +96,23 @@ pub struct Relay<B> {
     /// What was read of the body before the relay began, given out first.
     /// (Boxed: a response carries its relay, and most relays have none.)
     prefix: Option<Box<Prefix>>,
+    /// Reads the answer's token usage from what is given out ([`Relay::metering`]).
+    metered: Option<Box<Metered>>,
+}
+
+/// A relay's token meter and the thread whose answer it reads.
+struct Metered {
+    meter: Meter,
+    thread: Option<String>,
+}
+
+/// What a relayed answer reported of its tokens ([`Relay::tally`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reported {
+    pub provider: Provider,
+    pub account: String,
+    pub thread: Option<String>,
+    pub tally: Tally,
 }
 
 /// A relay's redaction.
@@ -116,7 +134,37 @@ impl<B: BodyStream> Relay<B> {
             account: None,
             redact: None,
             prefix: None,
+            metered: None,
         }
+    }
+
+    /// Read the answer's token usage as it is given out, for `thread` (a served answer of
+    /// a conversation). The bytes are not held back: the meter keeps a bounded copy of the
+    /// events that may carry usage ([`crate::tokens`]).
+    pub fn metering(mut self, thread: Option<&str>) -> Self {
+        self.metered = Some(Box::new(Metered {
+            meter: Meter::new(self.provider, self.sse),
+            thread: thread.map(str::to_owned),
+        }));
+        self
+    }
+
+    /// Whether the answer's token usage is metered (and not yet taken).
+    pub fn is_metered(&self) -> bool {
+        self.metered.is_some()
+    }
+
+    /// What the answer reported of its tokens so far (all of it once the relay ended),
+    /// taken once: None when it is not metered, reported none, or was taken already.
+    pub fn tally(&mut self) -> Option<Reported> {
+        let mut metered = self.metered.take()?;
+        let tally = metered.meter.finish()?;
+        Some(Reported {
+            provider: self.provider,
+            account: self.account.clone().unwrap_or_default(),
+            thread: metered.thread.take(),
+            tally,
+        })
     }
 
     /// Give out `prefix` (read from the body already) before reading on.
@@ -186,6 +234,9 @@ impl<B: BodyStream> Relay<B> {
                         continue;
                     }
                     self.note_sent(&chunk);
+                    if let Some(m) = &mut self.metered {
+                        m.meter.push(&chunk);
+                    }
                     return Some(Ok(chunk));
                 }
                 None => {

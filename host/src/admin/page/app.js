@@ -159,6 +159,23 @@ function renderProviders(o) {
   if (!box.children.length) box.append(el("span", { class: "muted" }, "no accounts yet"));
 }
 
+function count(n) {
+  return n < 1000 ? String(n) : n < 1e6 ? (n / 1e3).toFixed(1) + "k" : (n / 1e6).toFixed(1) + "M";
+}
+
+// An account's tokens today and in the last 5 hours, with the share of input read from the
+// prompt cache.
+function tokensOf(t) {
+  if (!t || !t.today.answers) return "—";
+  const line = (c) => {
+    const input = c.input + c.cache_read + c.cache_write;
+    const hit = input ? " · cache hit " + Math.round((100 * c.cache_read) / input) + " %" : "";
+    return "in " + count(c.input) + " · out " + count(c.output) + " · cache read " + count(c.cache_read) +
+      " · write " + count(c.cache_write) + hit;
+  };
+  return el("div", { "data-tokens": "" }, line(t.today), el("div", { class: "muted" }, "last 5 h: " + line(t.last_5h)));
+}
+
 function renderAccounts(o) {
   const body = document.querySelector("#accounts tbody");
   body.replaceChildren();
@@ -177,9 +194,10 @@ function renderAccounts(o) {
       el("td", {}, a.blocking_reset ? when(a.blocking_reset, o.now) : a.held_until ? when(a.held_until, o.now) : "—"),
       el("td", {}, why(a)),
       el("td", { class: "pins" }, String((o.pinned_sessions || {})[a.id] || 0)),
+      el("td", { class: "tokens" }, tokensOf((o.tokens || {})[a.id])),
       el("td", {}, button)));
   }
-  if (!o.accounts.length) body.append(el("tr", {}, el("td", { colspan: "7", class: "muted" }, "no accounts")));
+  if (!o.accounts.length) body.append(el("tr", {}, el("td", { colspan: "8", class: "muted" }, "no accounts")));
 }
 
 function renderThreads(o) {
@@ -221,7 +239,9 @@ async function refresh() {
   clearTimeout(timer);
   const updated = document.getElementById("updated");
   try {
-    const response = await fetch("/_pooler/overview", { credentials: "same-origin" });
+    // "Today" of the token counts is the browser's local day.
+    const offset = -new Date().getTimezoneOffset() * 60;
+    const response = await fetch("/_pooler/overview?utc_offset_s=" + offset, { credentials: "same-origin" });
     if (response.status === 401) {
       updated.textContent = "signed out: run `pooler page` for a new link";
       return;

@@ -33,7 +33,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     }
 
     /// Periodic work: detect ended holds and passed resets (queueing signals), drop
-    /// expired pins and old attempts, refresh tokens that expire soon and usage when due.
+    /// expired pins, old attempts and old token usage, refresh tokens that expire soon and usage when due.
     pub async fn tick(&self, now: u64) -> Result<(), DbError> {
         let s = self.store.settings()?;
         let last = self
@@ -60,6 +60,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         self.store.prune_pins(now, s.pin_lifetime_ms, s.pin_cap)?;
         self.store
             .prune_attempts(now, ATTEMPT_RETENTION_MS, s.pin_cap)?;
+        self.store
+            .prune_tokens(now, crate::store::TOKEN_RETENTION_MS)?;
         self.store
             .set_meta_i64("last-tick", i64::try_from(now).unwrap_or(i64::MAX))?;
 

@@ -213,6 +213,24 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 
     /// The sessions with a fresh pin, of one thread and/or provider, most recently used
     /// first.
+    /// Token usage since `since` (of `thread` only when given), per account or per
+    /// thread, account and model (the `tokens.totals` export).
+    pub fn token_totals(
+        &self,
+        since: u64,
+        thread: Option<&str>,
+        by_thread: bool,
+    ) -> Result<Vec<crate::store::TokenRow>, RoutingError> {
+        if let Some(t) = thread
+            && !valid_thread(t)
+        {
+            return Err(RoutingError::InvalidThread(
+                "a thread id must be 1 to 128 characters without control characters".into(),
+            ));
+        }
+        Ok(self.store.token_totals(since, thread, by_thread)?)
+    }
+
     pub fn list_sessions(
         &self,
         thread: Option<&str>,

@@ -294,15 +294,24 @@ async fn drain(body: &mut IncomingBody, limit: u64) {
     }
 }
 
-/// An in-flight lease held while an answer is relayed: ended when the relay ends or is
-/// dropped (the client went away), on a connection of its own.
-struct Flight(Option<String>);
+/// A relayed answer and the in-flight lease held while it is relayed. When the relay ends
+/// or is dropped (the client went away) the answer's token usage is recorded and the
+/// lease ended, on a connection of its own.
+struct Relayed {
+    relay: crate::stream::Relay<WasiBody>,
+    lease: Option<String>,
+}
 
-impl Drop for Flight {
+impl Drop for Relayed {
     fn drop(&mut self) {
-        if let Some(lease) = self.0.take()
-            && let Ok(db) = WitDb::open(DATABASE)
-        {
+        if self.lease.is_none() && !self.relay.is_metered() {
+            return;
+        }
+        let Ok(db) = WitDb::open(DATABASE) else {
+            return;
+        };
+        engine::record_tokens(&db, &WasiEnv, &mut self.relay);
+        if let Some(lease) = self.lease.take() {
             // Not ended here, it expires by itself.
             let _ = engine::end_flight(&db, &lease);
         }
@@ -315,15 +324,25 @@ fn to_wstd(response: engine::Response<WasiBody>) -> Response<Body> {
     for (n, v) in response.headers.iter() {
         b = b.header(n, v);
     }
-    let flight = Flight(response.lease);
     let body = match response.body {
-        engine::Body::Full(bytes) => Body::from(bytes),
+        engine::Body::Full(bytes) => {
+            // A body in hand holds no lease (only relayed answers do); ended all the same.
+            if let Some(lease) = response.lease
+                && let Ok(db) = WitDb::open(DATABASE)
+            {
+                let _ = engine::end_flight(&db, &lease);
+            }
+            Body::from(bytes)
+        }
         engine::Body::Stream(relay) => Body::from_try_stream(futures_lite::stream::unfold(
-            (relay, flight),
-            |(mut r, flight)| async move {
-                engine::relay_next(&mut r, &WasiEnv)
+            Relayed {
+                relay,
+                lease: response.lease,
+            },
+            |mut r| async move {
+                engine::relay_next(&mut r.relay, &WasiEnv)
                     .await
-                    .map(|chunk| (chunk.map_err(StreamBroke), (r, flight)))
+                    .map(|chunk| (chunk.map_err(StreamBroke), r))
             },
         )),
     };

@@ -107,6 +107,54 @@ pub async fn relay_next<B: BodyStream>(
     }
 }
 
+/// The warning of token usage that could not be written (its fields: `account`, `error`);
+/// the answer reached the client all the same.
+pub const TOKENS_LOST_MESSAGE: &str = "Account Pooler could not record an answer's token usage";
+
+/// Record what a relayed answer reported of its tokens, once its relay ended or was
+/// dropped (the client went away: what came before counts, as the provider bills it):
+/// the `tokens` table, and the counter `pooler_pool_tokens_total{provider,account,kind}`.
+/// One write; a failure is a warning, never the client's concern.
+pub fn record_tokens<B: BodyStream>(
+    db: &impl Db,
+    env: &(impl Clock + Log + pooler_plugin_kit::Metrics),
+    relay: &mut Relay<B>,
+) {
+    let Some(reported) = relay.tally() else {
+        return;
+    };
+    let counts = reported.tally.counts;
+    for (kind, n) in counts.kinds() {
+        env.counter_add(
+            "pooler_pool_tokens_total",
+            &[
+                ("provider", reported.provider.as_str()),
+                ("account", &reported.account),
+                ("kind", kind),
+            ],
+            n,
+        );
+    }
+    let written = Store::new(db).record_tokens(
+        env.now(),
+        reported.provider,
+        &reported.account,
+        reported.thread.as_deref(),
+        reported.tally.model.as_deref(),
+        &counts,
+    );
+    if let Err(e) = written {
+        env.log(
+            Level::Warn,
+            TOKENS_LOST_MESSAGE,
+            &[
+                ("account", reported.account.clone()),
+                ("error", e.to_string()),
+            ],
+        );
+    }
+}
+
 /// The client's request, with its body read (bounded by the glue).
 #[derive(Debug, Clone, PartialEq)]
 pub struct IncomingRequest {

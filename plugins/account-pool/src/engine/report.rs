@@ -22,6 +22,7 @@
 //! | `pooler_pool_own_responses_total` | provider, status | answers the pool made itself (`x-pooler-origin: pool`), its 429s among them |
 //! | `pooler_pool_added_latency_seconds` | provider | histogram of `added_ms` |
 //! | `pooler_pool_upstream_latency_seconds` | provider | histogram of `upstream_ms` |
+//! | `pooler_pool_tokens_total` | provider, account, kind | tokens served answers reported (`input`, `output`, `cache_read`, `cache_write`; written when the answer's relay ends, [`super::record_tokens`]) |
 //!
 //! `outcome` of a request: `served`, `detour`, `passed-through` (an upstream answer relayed as
 //! is), `failed` (no account served: the pool's own answer), `cancelled`, `refused` (the pool

@@ -464,7 +464,14 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                         (false, _) => "passed-through",
                     });
                 }
-                Ok(Step::Answer(self.relay(ctx, id, response, redact, prefix)))
+                Ok(Step::Answer(self.relay(
+                    ctx,
+                    id,
+                    response,
+                    redact,
+                    prefix,
+                    served.then_some(thread),
+                )))
             }
             Attempt::Cancelled { status } => {
                 // Recorded, and nothing else: no pin, cursor or failure of this request
@@ -663,6 +670,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         }
     }
 
+    /// The upstream's answer, relayed; a served one (`served_for` its thread) has its
+    /// token usage metered as it passes.
     fn relay(
         &self,
         ctx: &Ctx<'_>,
@@ -670,6 +679,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         response: UpstreamResponse<U::Body>,
         redact: Option<StreamRedactor>,
         prefix: Prefix,
+        served_for: Option<&str>,
     ) -> Response<U::Body> {
         let mut headers = Headers::new();
         for (n, v) in response.headers.iter() {
@@ -684,10 +694,15 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         } else {
             response.headers.get("content-type")
         };
-        let relay = Relay::new(response.body, ctx.provider, content_type)
+        let mut relay = Relay::new(response.body, ctx.provider, content_type)
             .for_account(account)
             .redacting(redact)
             .after(prefix);
+        if let Some(thread) = served_for
+            && !http::is_encoded(&response.headers)
+        {
+            relay = relay.metering(Some(thread));
+        }
         Response {
             status: response.status,
             headers,

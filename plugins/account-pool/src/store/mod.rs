@@ -13,6 +13,7 @@
 //! | [`load`] | `placements`, `in_flight` (conversations placed lately, requests in flight) |
 //! | [`attempts`] | `attempts` |
 //! | [`signals`] | `pending_signals` |
+//! | [`tokens`] | `tokens` (token usage of served answers) |
 
 mod accounts;
 mod attempts;
@@ -20,6 +21,7 @@ mod load;
 mod quota;
 mod routes;
 mod signals;
+mod tokens;
 
 pub use accounts::AccountMeta;
 pub use attempts::{AttemptRow, RECENT_ATTEMPTS, attempt_sessions_slack};
@@ -27,6 +29,7 @@ pub use load::{FLIGHT_LEASE_MS, Load, PLACEMENT_WINDOW_MS};
 pub use quota::RefreshState;
 pub use routes::Pin;
 pub use signals::PendingSignal;
+pub use tokens::{TOKEN_BUCKET_MS, TOKEN_RETENTION_MS, TokenRow};
 
 use crate::settings::Settings;
 use pooler_plugin_kit::{Db, DbError, Value};
@@ -35,7 +38,8 @@ use pooler_plugin_kit::{Db, DbError, Value};
 /// ROWID`, ids counted per session) instead of a global AUTOINCREMENT id plus an index.
 /// 3: accounts have their options (last-resort, extra usage, in-flight limit, preserve),
 /// and `placements` and `in_flight` count conversations placed lately and requests in flight.
-pub const SCHEMA_VERSION: i64 = 3;
+/// 4: `tokens` sums the token usage of served answers.
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// How stale a pin's or an account's "last used" time may get before a request that uses
 /// it writes it again. Writing it on every request cost each pooled request two more
@@ -143,6 +147,19 @@ CREATE TABLE IF NOT EXISTS in_flight (
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS in_flight_by_account ON in_flight(account_id, expires_at);
+CREATE TABLE IF NOT EXISTS tokens (
+    at INTEGER NOT NULL,
+    provider TEXT NOT NULL,
+    account_id TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    model TEXT NOT NULL,
+    answers INTEGER NOT NULL,
+    input INTEGER NOT NULL,
+    output INTEGER NOT NULL,
+    cache_read INTEGER NOT NULL,
+    cache_write INTEGER NOT NULL,
+    PRIMARY KEY (at, provider, account_id, thread, model)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS pending_signals (
     provider TEXT NOT NULL,
     cause TEXT NOT NULL,

@@ -26,6 +26,7 @@ mod redaction;
 mod scenarios;
 mod storage;
 mod strategy;
+mod tokens;
 
 use super::*;
 use crate::admin::{Admin, NewAccount};
@@ -445,6 +446,15 @@ impl Resp {
 }
 
 async fn collect(r: Response<FakeBody>) -> Resp {
+    collect_then(r, |_| {}).await
+}
+
+/// Collect a response, handing its relay, once ended, to `ended` (as the glue records the
+/// answer's tokens then).
+async fn collect_then(
+    r: Response<FakeBody>,
+    ended: impl FnOnce(&mut crate::stream::Relay<FakeBody>),
+) -> Resp {
     let body = match r.body {
         Body::Full(b) => b,
         Body::Stream(mut relay) => {
@@ -455,6 +465,7 @@ async fn collect(r: Response<FakeBody>) -> Resp {
                     Err(e) => out.extend(format!("<error {e}>").bytes()),
                 }
             }
+            ended(&mut relay);
             out
         }
     };
@@ -620,7 +631,11 @@ impl Pool {
     fn send(&self, req: IncomingRequest) -> Resp {
         self.env.gone.set(false);
         let resp = block_on(async {
-            collect(Engine::new(&self.db, &self.up, &self.env).handle(req).await).await
+            collect_then(
+                Engine::new(&self.db, &self.up, &self.env).handle(req).await,
+                |relay| crate::engine::record_tokens(&self.db, &self.env, relay),
+            )
+            .await
         });
         if let Some(lease) = &resp.lease {
             end_flight(&self.db, lease).unwrap();
