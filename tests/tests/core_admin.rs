@@ -38,8 +38,12 @@ async fn threads_through_the_admin_api() {
     assert_eq!(show["turns"][0]["failure"]["http_status"], 529);
     assert_eq!(show["rows"][0]["attempt"], 2);
     assert_eq!(show["rows"][0]["send_at"], h.now() + 600_000);
+    // `tokens` (the thread's token counts) aside, nothing named or holding a token.
     assert!(
-        !show.to_string().contains("token"),
+        !show
+            .to_string()
+            .replace("\"tokens\":", "")
+            .contains("token"),
         "no route token in the answer: {show}"
     );
 

@@ -163,7 +163,7 @@ async fn a_component_of_the_wrong_world_is_refused_with_the_expected_and_found_w
         text.contains("found a component of world pooler:plugins/provider-retry@0.1.0"),
         "{text}"
     );
-    assert!(text.contains("missing exports [availability, routing, accounts, maintenance, wasi:http/incoming-handler]"), "{text}");
+    assert!(text.contains("missing exports [availability, routing, accounts, maintenance, tokens, wasi:http/incoming-handler]"), "{text}");
 
     let Err(err) = Setup::new()
         .role(Role::ProviderRetry, fixtures::POOL, "")

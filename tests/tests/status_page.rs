@@ -130,7 +130,7 @@ async fn the_page_shows_the_pool_and_enabling_an_account_moves_the_retry_earlier
         let provider = browser.text("[data-provider=\"claude\"]").unwrap();
         assert!(provider.contains("blocked (held)"), "{provider}");
         assert!(
-            provider.contains("new conversations: fill-first"),
+            provider.contains("new conversations: soonest-reset"),
             "{provider}"
         );
         let b_text = browser.text(&account_row(&b)).unwrap();

@@ -43,6 +43,9 @@ impl Tracked {
     }
 }
 
+/// The least time between two looks that events asked for (milliseconds of the host clock).
+pub const MIN_LOOK_GAP_MS: u64 = 1_000;
+
 fn provider_name(p: Provider) -> &'static str {
     match p {
         Provider::Claude => "claude",
@@ -329,19 +332,31 @@ impl Host {
     }
 
     /// Look at the accounts and threads every `interval` of the host clock, and soon after
-    /// each availability change, until the returned future is dropped.
+    /// each availability change or failed turn (at most one look per [`MIN_LOOK_GAP_MS`] and
+    /// twenty times the last look's duration), until the returned future is dropped.
     pub async fn run_alerts(self, interval: std::time::Duration) {
         let step = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
         loop {
+            let started = std::time::Instant::now();
             self.check_alerts().await;
+            // A look reads every retry candidate; a flood of failed turns (each one asks for
+            // a look) must not make looks run back to back and starve the deliveries. After a
+            // request for a look, wait at least a second and twenty times the last look.
+            let spent = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let gap = spent.saturating_mul(20).max(MIN_LOOK_GAP_MS);
             let alerts = self.alerts().clone();
-            if step == 0 {
+            let asked = async {
                 alerts.look.notified().await;
+                let soonest = self.clock().now_ms().saturating_add(gap);
+                self.clock().sleep_until(soonest).await;
+            };
+            if step == 0 {
+                asked.await;
             } else {
                 let next = self.clock().now_ms().saturating_add(step);
                 tokio::select! {
                     _ = self.clock().sleep_until(next) => {}
-                    _ = alerts.look.notified() => {}
+                    _ = asked => {}
                 }
             }
         }
