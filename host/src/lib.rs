@@ -42,6 +42,7 @@ pub mod admin;
 pub mod allocator;
 pub mod bindings;
 pub mod cli;
+pub mod components;
 pub mod config;
 pub mod core_link;
 pub mod data_lock;
