@@ -372,7 +372,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 crate::engine::Refreshed::Refused(status) => {
                     let text = format!("OAuth refresh failed with HTTP {status}.");
                     if a.error.is_some() {
-                        self.store.set_error(id, &text)?;
+                        self.store.set_error(id, &text, self.env.now())?;
                     }
                     return Err(AccountsError::RefreshRefused(format!("HTTP {status}")));
                 }

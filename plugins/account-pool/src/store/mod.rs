@@ -12,10 +12,12 @@
 //! | [`routes`] | `routes`, `pins`, `cursors` |
 //! | [`load`] | `placements`, `in_flight` (conversations placed lately, requests in flight) |
 //! | [`attempts`] | `attempts` |
+//! | [`history`] | `quota_history` (the quota timeline) |
 //! | [`signals`] | `pending_signals` |
 
 mod accounts;
 mod attempts;
+mod history;
 mod load;
 mod quota;
 mod routes;
@@ -35,7 +37,8 @@ use pooler_plugin_kit::{Db, DbError, Value};
 /// ROWID`, ids counted per session) instead of a global AUTOINCREMENT id plus an index.
 /// 3: accounts have their options (last-resort, extra usage, in-flight limit, preserve),
 /// and `placements` and `in_flight` count conversations placed lately and requests in flight.
-pub const SCHEMA_VERSION: i64 = 3;
+/// 4: `quota_history` (the quota timeline).
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// How stale a pin's or an account's "last used" time may get before a request that uses
 /// it writes it again. Writing it on every request cost each pooled request two more
@@ -143,6 +146,19 @@ CREATE TABLE IF NOT EXISTS in_flight (
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS in_flight_by_account ON in_flight(account_id, expires_at);
+CREATE TABLE IF NOT EXISTS quota_history (
+    account_id TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT,
+    family TEXT,
+    utilization REAL,
+    resets_at INTEGER,
+    status TEXT,
+    until INTEGER
+);
+CREATE INDEX IF NOT EXISTS quota_history_by_account ON quota_history(account_id, at);
+CREATE INDEX IF NOT EXISTS quota_history_by_time ON quota_history(at);
 CREATE TABLE IF NOT EXISTS pending_signals (
     provider TEXT NOT NULL,
     cause TEXT NOT NULL,
