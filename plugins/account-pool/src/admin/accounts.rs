@@ -394,6 +394,16 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         let accounts = self.store.accounts(provider)?;
         accounts.iter().map(|a| Ok(self.info(a)?)).collect()
     }
+
+    /// The quota history of the accounts of `provider` (all when None) from `since` on,
+    /// oldest first.
+    pub fn quota_history(
+        &self,
+        provider: Option<Provider>,
+        since: u64,
+    ) -> Result<Vec<crate::history::HistoryEntry>, AccountsError> {
+        Ok(self.store.read(|s| s.quota_history(provider, since))?)
+    }
 }
 
 fn join(ids: &[&String]) -> String {
