@@ -59,6 +59,7 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod tap;
+pub mod timeline;
 pub mod wire;
 
 /// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48

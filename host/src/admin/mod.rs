@@ -73,6 +73,7 @@ areas! {
     "retry" => retry,
     "overview" => overview,
     "page" => page,
+    "timeline" => timeline,
 }
 
 mod fields;
