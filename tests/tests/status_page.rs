@@ -286,7 +286,8 @@ async fn outside_text_shows_escaped_on_the_page_and_without_the_echoed_key() {
 /// holds it and leaves the thread waiting (40 minutes before the page is read). The page draws the known 5-hour observation at
 /// the place the day's scale gives it (the scale checked against the server's clock, not
 /// only read from the page), the 5-hour reset that passed, the hold and the thread's open
-/// wait. A screenshot is written to `target/browser/quota-timeline.png`.
+/// wait; and over the week, the same observation at the week's place. Screenshots are
+/// written to `target/browser/quota-timeline.png` (and `quota-timeline-week.png`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quota_timeline_draws_a_known_observation_at_its_place() {
     const HOUR: u64 = 3_600 * SECOND;
@@ -428,6 +429,17 @@ async fn the_quota_timeline_draws_a_known_observation_at_its_place() {
         );
         browser.execute("document.getElementById('timeline-section').scrollIntoView()");
         let shot = target_dir().join("browser").join("quota-timeline.png");
+        browser.screenshot(&shot);
+        assert!(std::fs::metadata(&shot).unwrap().len() > 1_000);
+        // The week: the same observation, 100 minutes before now of seven days.
+        browser.click(".timeline-controls button[data-span=\"week\"]");
+        let week_x: f64 = browser.wait_for("the week's chart", BROWSER, |b| {
+            (b.attribute(&chart, "data-from")? == (now - 7 * 24 * HOUR).to_string())
+                .then(|| b.attribute(&dot, "cx")?.parse().ok())?
+        });
+        let want = x0 + (x1 - x0) * (7.0 * 24.0 * 60.0 - 100.0) / (7.0 * 24.0 * 60.0);
+        assert!((week_x - want).abs() < 0.6, "x {week_x}, want {want}");
+        let shot = target_dir().join("browser").join("quota-timeline-week.png");
         browser.screenshot(&shot);
         assert!(std::fs::metadata(&shot).unwrap().len() > 1_000);
     });
