@@ -45,6 +45,46 @@ fn main() {
         ));
     }
     code.push_str("];\n");
+    code.push_str(&wit_files(&root.join("wit")));
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo")).join("embedded.rs");
     std::fs::write(&out, code).expect("write embedded.rs");
+}
+
+/// `EMBEDDED_WIT`: every file under `wit/` (the package, its `deps/`, `CHANGES.md`) as the
+/// components were built against it, so `pooler components export` hands out that exact
+/// contract. Paths are relative to `wit/`, with `/`, sorted.
+fn wit_files(wit: &std::path::Path) -> String {
+    fn walk(dir: &std::path::Path, files: &mut Vec<PathBuf>) {
+        let entries =
+            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(wit, &mut files);
+    files.sort();
+    let mut code = String::from(
+        "/// The WIT package the components were built against: (path under `wit/`, bytes).\n\
+         pub const EMBEDDED_WIT: &[(&str, &[u8])] = &[\n",
+    );
+    for path in &files {
+        let relative = path.strip_prefix(wit).expect("under wit/");
+        let name: Vec<String> = relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        code.push_str(&format!(
+            "    ({:?}, include_bytes!({})),\n",
+            name.join("/"),
+            literal(path)
+        ));
+    }
+    code.push_str("];\n");
+    code
 }

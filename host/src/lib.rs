@@ -43,6 +43,7 @@ pub mod alerts;
 pub mod allocator;
 pub mod bindings;
 pub mod cli;
+pub mod components;
 pub mod config;
 pub mod core_link;
 pub mod data_lock;
@@ -59,6 +60,7 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod tap;
+pub mod timeline;
 pub mod wire;
 
 /// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48

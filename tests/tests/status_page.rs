@@ -299,3 +299,168 @@ async fn outside_text_shows_escaped_on_the_page_and_without_the_echoed_key() {
     }
     drop(browser);
 }
+
+/// The quota timeline: one account whose answers state its 5-hour and
+/// weekly utilization, observed at known instants on the manual clock, then a long 429 that
+/// holds it and leaves the thread waiting (40 minutes before the page is read). The page draws the known 5-hour observation at
+/// the place the day's scale gives it (the scale checked against the server's clock, not
+/// only read from the page), the 5-hour reset that passed, the hold and the thread's open
+/// wait; and over the week, the same observation at the week's place. Screenshots are
+/// written to `target/browser/quota-timeline.png` (and `quota-timeline-week.png`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quota_timeline_draws_a_known_observation_at_its_place() {
+    const HOUR: u64 = 3_600 * SECOND;
+    let h = CoreSetup::new().real_retry().start().await;
+    let a = h.accounts().await[0].id.clone();
+    let first = h.now();
+    let reset = first + 150 * 60 * SECOND;
+    let with_quota = |five: &str, week: &str| {
+        success("ok")
+            .header("anthropic-ratelimit-unified-5h-utilization", five)
+            .header("anthropic-ratelimit-unified-5h-status", "allowed")
+            .header(
+                "anthropic-ratelimit-unified-5h-reset",
+                &(reset / 1_000).to_string(),
+            )
+            .header("anthropic-ratelimit-unified-7d-utilization", week)
+            .header("anthropic-ratelimit-unified-7d-status", "allowed")
+    };
+    let thread = h.new_thread().await;
+    h.upstream.push(with_quota("0.30", "0.12"));
+    h.send(&thread, "one");
+    h.settle().await;
+    // The known observation: two hours later, the 5-hour window at 65 %.
+    h.clock.set(first + 2 * HOUR);
+    let known = h.now();
+    h.upstream.push(with_quota("0.65", "0.20"));
+    h.send(&thread, "two");
+    h.settle().await;
+    // An hour on, a long 429 holds the account and the thread waits (its retry is due at
+    // the hold's end); the page is read 40 minutes into the hold.
+    let failed_at = known + HOUR;
+    h.clock.set(failed_at);
+    h.upstream
+        .push(reply(429, &[("retry-after".to_owned(), "3600".to_owned())]));
+    h.send(&thread, "three");
+    h.settle().await;
+    h.clock.set(failed_at + 40 * 60 * SECOND);
+    h.settle().await;
+    let now = h.now();
+
+    // The server's answer has the observation, the hold and the open wait.
+    let (status, timeline) = h.admin("GET", "timeline", json!({})).await;
+    assert_eq!(status, 200, "{timeline}");
+    let entries = timeline["entries"].as_array().unwrap();
+    assert!(
+        entries.iter().any(|e| e["at"] == known
+            && e["window"]["name"] == "5h"
+            && e["window"]["utilization"] == 0.65),
+        "{timeline}"
+    );
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["kind"] == "hold" && e["until"] == failed_at + HOUR),
+        "{timeline}"
+    );
+    assert!(
+        timeline["waits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["thread"] == thread.as_str() && w["until"].is_null()),
+        "{timeline}"
+    );
+
+    let (status, minted) = h.admin("POST", "page/login-codes", json!({})).await;
+    assert_eq!(status, 201, "{minted}");
+    let link = minted["url"].as_str().unwrap().to_owned();
+    let browser = blocking(Browser::start);
+    let chart = format!("#timeline .chart[data-account=\"{a}\"] svg");
+    let dot = format!("{chart} circle.sample[data-window=\"5h\"][data-at=\"{known}\"]");
+    let (cx, cy) = blocking(|| {
+        browser.goto(&link);
+        browser.wait_for("the known observation in the chart", BROWSER, |b| {
+            let cx: f64 = b.attribute(&dot, "cx")?.parse().ok()?;
+            let cy: f64 = b.attribute(&dot, "cy")?.parse().ok()?;
+            Some((cx, cy))
+        })
+    });
+    // The day's scale: from 24 h before the server's now to its now, over the plot area.
+    let scale = |name: &str| -> f64 {
+        blocking(|| browser.attribute(&chart, name))
+            .unwrap_or_else(|| panic!("{name} on the chart"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(scale("data-to") as u64, now);
+    assert_eq!(scale("data-from") as u64, now - 24 * HOUR);
+    let (x0, x1, y0, y1) = (
+        scale("data-x0"),
+        scale("data-x1"),
+        scale("data-y0"),
+        scale("data-y1"),
+    );
+    assert!(
+        x1 - x0 > 500.0 && y1 - y0 > 50.0,
+        "a plot area: {x0}..{x1}, {y0}..{y1}"
+    );
+    // 100 minutes before now of a 24-hour span; 65 % up.
+    let want_x = x0 + (x1 - x0) * (24.0 * 60.0 - 100.0) / (24.0 * 60.0);
+    let want_y = y0 + (y1 - y0) * (1.0 - 0.65);
+    assert!((cx - want_x).abs() < 0.6, "x {cx}, want {want_x}");
+    assert!((cy - want_y).abs() < 0.6, "y {cy}, want {want_y}");
+    // The earlier observation sits two hours left of it, lower (30 %).
+    let earlier = format!("{chart} circle.sample[data-window=\"5h\"][data-at=\"{first}\"]");
+    let earlier_x: f64 = blocking(|| browser.attribute(&earlier, "cx"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((cx - earlier_x - (x1 - x0) * 2.0 / 24.0).abs() < 0.6);
+    blocking(|| {
+        // The weekly window's samples, the 5-hour reset that passed, the hold, the wait.
+        assert_eq!(
+            browser
+                .find_all(&format!("{chart} circle.sample[data-window=\"7d\"]"))
+                .len(),
+            2
+        );
+        assert!(
+            browser
+                .attribute(&format!("{chart} line.reset[data-at=\"{reset}\"]"), "x1")
+                .is_some(),
+            "the reset is marked"
+        );
+        assert_eq!(
+            browser
+                .attribute(&format!("{chart} rect.hold"), "data-until")
+                .as_deref(),
+            Some((failed_at + HOUR).to_string().as_str())
+        );
+        assert!(
+            browser
+                .attribute(
+                    &format!("#timeline-waits rect.wait[data-thread=\"{thread}\"]"),
+                    "x"
+                )
+                .is_some(),
+            "the thread's wait is drawn"
+        );
+        browser.execute("document.getElementById('timeline-section').scrollIntoView()");
+        let shot = target_dir().join("browser").join("quota-timeline.png");
+        browser.screenshot(&shot);
+        assert!(std::fs::metadata(&shot).unwrap().len() > 1_000);
+        // The week: the same observation, 100 minutes before now of seven days.
+        browser.click(".timeline-controls button[data-span=\"week\"]");
+        let week_x: f64 = browser.wait_for("the week's chart", BROWSER, |b| {
+            (b.attribute(&chart, "data-from")? == (now - 7 * 24 * HOUR).to_string())
+                .then(|| b.attribute(&dot, "cx")?.parse().ok())?
+        });
+        let want = x0 + (x1 - x0) * (7.0 * 24.0 * 60.0 - 100.0) / (7.0 * 24.0 * 60.0);
+        assert!((week_x - want).abs() < 0.6, "x {week_x}, want {want}");
+        let shot = target_dir().join("browser").join("quota-timeline-week.png");
+        browser.screenshot(&shot);
+        assert!(std::fs::metadata(&shot).unwrap().len() > 1_000);
+    });
+    drop(browser);
+}

@@ -75,6 +75,7 @@ areas! {
     "tokens" => tokens,
     "page" => page,
     "alerts" => alerts,
+    "timeline" => timeline,
 }
 
 mod fields;

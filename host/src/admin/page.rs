@@ -60,6 +60,8 @@ const MAX_KEPT: usize = 32;
 const PAGE_HTML: &str = include_str!("page/index.html");
 const PAGE_JS: &str = include_str!("page/app.js");
 const PAGE_CSS: &str = include_str!("page/app.css");
+/// The quota timeline's script (its own file: the chart reads `/_pooler/timeline`).
+const PAGE_TIMELINE_JS: &str = include_str!("page/timeline.js");
 
 /// A signed-in page session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,7 +210,10 @@ pub(super) fn answer_page(
 ) -> Option<Response<HyperOutgoingBody>> {
     let rest = path.strip_prefix(ADMIN_PREFIX)?;
     let rest = rest.strip_prefix("page")?;
-    if method != "GET" || !matches!(rest, "" | "/" | "/login" | "/app.js" | "/app.css") {
+    if method != "GET" || !matches!(
+            rest,
+            "" | "/" | "/login" | "/app.js" | "/app.css" | "/timeline.js"
+        ) {
         return None;
     }
     let now = admin.host().clock().now_ms();
@@ -256,6 +261,11 @@ pub(super) fn answer_page(
     Some(match rest {
         "/app.js" => page_response(StatusCode::OK, "text/javascript; charset=utf-8", PAGE_JS),
         "/app.css" => page_response(StatusCode::OK, "text/css; charset=utf-8", PAGE_CSS),
+        "/timeline.js" => page_response(
+            StatusCode::OK,
+            "text/javascript; charset=utf-8",
+            PAGE_TIMELINE_JS,
+        ),
         _ => page_response(
             StatusCode::OK,
             "text/html; charset=utf-8",

@@ -21,6 +21,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 pub mod client;
+mod components;
 pub mod explain;
 mod format;
 pub mod login;
@@ -41,6 +42,7 @@ pub use serve::ServeArgs;
                   pooler serve\n  \
                   pooler account add --provider claude --api-key -   # reads the key from stdin\n  \
                   pooler account list\n  \
+                  pooler components export ./pooler-components   # for another host\n  \
                   eval \"$(pooler route open --thread my-thread --provider claude --export)\""
 )]
 pub struct Cli {
@@ -58,6 +60,7 @@ macro_rules! groups {
         pub enum Command {
             /// Run the host: load the plugins and serve the pool's HTTP endpoint.
             Serve(ServeArgs),
+            Components(components::Args),
             $($variant($module::Args),)*
         }
 
@@ -66,6 +69,7 @@ macro_rules! groups {
             fn json(&self) -> bool {
                 match self {
                     Command::Serve(_) => false,
+                    Command::Components(args) => args.json(),
                     $(Command::$variant(args) => args.client.json,)*
                 }
             }
@@ -73,6 +77,7 @@ macro_rules! groups {
             async fn run(self) -> anyhow::Result<()> {
                 match self {
                     Command::Serve(args) => serve::serve(args).await,
+                    Command::Components(args) => components::run(args).await,
                     $(Command::$variant(args) => $module::run(args).await,)*
                 }
             }

@@ -29,6 +29,7 @@ pub mod admin;
 pub mod body;
 pub mod engine;
 pub mod first_event;
+pub mod history;
 pub mod http;
 pub mod model;
 pub mod oauth;

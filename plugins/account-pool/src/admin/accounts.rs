@@ -372,7 +372,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 crate::engine::Refreshed::Refused(status) => {
                     let text = format!("OAuth refresh failed with HTTP {status}.");
                     if a.error.is_some() {
-                        self.store.set_error(id, &text)?;
+                        self.store.set_error(id, &text, self.env.now())?;
                     }
                     return Err(AccountsError::RefreshRefused(format!("HTTP {status}")));
                 }
@@ -393,6 +393,16 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     pub fn list(&self, provider: Option<Provider>) -> Result<Vec<AccountInfo>, AccountsError> {
         let accounts = self.store.accounts(provider)?;
         accounts.iter().map(|a| Ok(self.info(a)?)).collect()
+    }
+
+    /// The quota history of the accounts of `provider` (all when None) from `since` on,
+    /// oldest first.
+    pub fn quota_history(
+        &self,
+        provider: Option<Provider>,
+        since: u64,
+    ) -> Result<Vec<crate::history::HistoryEntry>, AccountsError> {
+        Ok(self.store.read(|s| s.quota_history(provider, since))?)
     }
 }
 

@@ -60,6 +60,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         self.store.prune_pins(now, s.pin_lifetime_ms, s.pin_cap)?;
         self.store
             .prune_attempts(now, ATTEMPT_RETENTION_MS, s.pin_cap)?;
+        self.store.prune_history(now)?;
         self.store
             .prune_tokens(now, crate::store::TOKEN_RETENTION_MS)?;
         self.store
@@ -107,7 +108,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     /// #6167: only an expired token whose refresh was refused puts an account in error.
     fn refused_refresh_of_expired_token(&self, a: &AccountState, now: u64) -> Result<(), DbError> {
         let text = "OAuth refresh failed and the access token has expired.";
-        if self.store.set_error(&a.id, text)? {
+        if self.store.set_error(&a.id, text, now)? {
             self.store
                 .push_signal(a.provider, ChangeCause::ErrorSet, now)?;
         }

@@ -221,4 +221,34 @@ impl accounts::Guest for Component {
                 .map_err(accounts_error)
         })
     }
+
+    fn quota_history(
+        provider: Option<types::Provider>,
+        since: u64,
+    ) -> Result<Vec<accounts::QuotaEntry>, accounts::AccountsError> {
+        with_admin(accounts::AccountsError::Storage, |a| {
+            a.quota_history(provider.map(provider_in), since)
+                .map(|l| l.into_iter().map(quota_entry_out).collect())
+                .map_err(accounts_error)
+        })
+    }
+}
+
+fn quota_entry_out(e: crate::history::HistoryEntry) -> accounts::QuotaEntry {
+    use crate::history::HistoryEvent;
+    accounts::QuotaEntry {
+        account: e.account,
+        at: e.at,
+        event: match e.event {
+            HistoryEvent::Window(w) => accounts::QuotaEvent::Window(accounts::WindowSample {
+                name: w.name,
+                family: w.family.map(|f| f.as_str().to_owned()),
+                utilization: w.utilization,
+                resets_at: w.resets_at,
+                status: w.status,
+            }),
+            HistoryEvent::Hold { until } => accounts::QuotaEvent::Hold(until),
+            HistoryEvent::Error => accounts::QuotaEvent::Error,
+        },
+    }
 }

@@ -457,7 +457,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 "{upstream} refused the account for billing: {}",
                 failure.message
             );
-            if self.store.set_error(id, &text)? {
+            if self.store.set_error(id, &text, now)? {
                 self.store
                     .push_signal(ctx.provider, ChangeCause::ErrorSet, now)?;
             }
@@ -556,7 +556,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         // The hold is the upstream's word about the account, not this request's
         // doing: it stays even if the client leaves during the wait.
         self.store
-            .set_hold(id, after(now, wait), HoldKind::RateLimit)?;
+            .set_hold(id, after(now, wait), HoldKind::RateLimit, now)?;
         let Raced::Done(failure) = self.detail(response, redactor, told, now).await else {
             return Ok(Next::Done(Attempt::Cancelled {
                 status: tries.status,
@@ -619,7 +619,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             ctx.provider.upstream_name(),
             failure.message
         );
-        if self.store.set_error(id, &text)? {
+        if self.store.set_error(id, &text, now)? {
             self.store
                 .push_signal(ctx.provider, ChangeCause::ErrorSet, now)?;
         }
@@ -689,8 +689,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         now: u64,
     ) -> Result<Next<U::Body>, DbError> {
         if self.store.access_token(id)?.as_deref() == Some(tokens.access_token.as_str()) {
-            self.store
-                .set_hold(id, after(now, ctx.settings.token_hold_ms), HoldKind::Token)?;
+            self.store.set_hold(
+                id,
+                after(now, ctx.settings.token_hold_ms),
+                HoldKind::Token,
+                now,
+            )?;
         }
         let f = PoolError::pool(
             503,

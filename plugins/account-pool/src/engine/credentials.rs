@@ -309,7 +309,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         text: &str,
         now: u64,
     ) -> Result<(), DbError> {
-        if self.store.set_error(id, text)? {
+        if self.store.set_error(id, text, now)? {
             self.store
                 .push_signal(provider, ChangeCause::ErrorSet, now)?;
         }

@@ -67,8 +67,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 return Ok(());
             };
             let before = policy::blocked_until(&state, None, threshold, now);
+            let windows_before = state.quota.windows.clone();
             state.quota.merge(obs);
             store.save_quota(id, &state.quota)?;
+            for w in crate::history::changed_windows(&windows_before, &state.quota.windows) {
+                store.record_history(id, now, &crate::history::HistoryEvent::Window(w))?;
+            }
             let after = policy::blocked_until(&state, None, threshold, now);
             let cause = match (before, after) {
                 (Some(_), None) => Some(ChangeCause::EarlierResetObserved),

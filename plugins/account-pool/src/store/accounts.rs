@@ -199,12 +199,17 @@ impl<'a, D: Db> Store<'a, D> {
         )? > 0)
     }
 
-    /// Put the account in authentication error. Returns whether it was not already.
-    pub fn set_error(&self, id: &str, text: &str) -> Result<bool, DbError> {
-        Ok(self.db.execute(
+    /// Put the account in authentication error at `at` (kept in its quota history).
+    /// Returns whether it was not already.
+    pub fn set_error(&self, id: &str, text: &str, at: u64) -> Result<bool, DbError> {
+        let set = self.db.execute(
             "UPDATE accounts SET error = ?2 WHERE id = ?1 AND error IS NULL",
             &[id.into(), text.into()],
-        )? > 0)
+        )? > 0;
+        if set {
+            self.record_history(id, at, &crate::history::HistoryEvent::Error)?;
+        }
+        Ok(set)
     }
 
     /// Clear the error and the sign-in flag. Returns whether an error was cleared.
@@ -228,13 +233,17 @@ impl<'a, D: Db> Store<'a, D> {
         Ok(())
     }
 
-    /// Hold the account until `until` (a later existing hold is kept).
-    pub fn set_hold(&self, id: &str, until: u64, kind: HoldKind) -> Result<(), DbError> {
-        self.db.execute(
+    /// Hold the account until `until` (a later existing hold is kept), from `at` (a hold
+    /// placed or extended is kept in its quota history).
+    pub fn set_hold(&self, id: &str, until: u64, kind: HoldKind, at: u64) -> Result<(), DbError> {
+        let set = self.db.execute(
             "UPDATE accounts SET held_until = ?2, hold_kind = ?3
              WHERE id = ?1 AND (held_until IS NULL OR held_until < ?2)",
             &[id.into(), until.into(), kind.as_str().into()],
-        )?;
+        )? > 0;
+        if set {
+            self.record_history(id, at, &crate::history::HistoryEvent::Hold { until })?;
+        }
         Ok(())
     }
 
@@ -264,6 +273,7 @@ impl<'a, D: Db> Store<'a, D> {
                 "DELETE FROM refresh_state WHERE account_id = ?1",
                 "DELETE FROM in_flight WHERE account_id = ?1",
                 "DELETE FROM placements WHERE account_id = ?1",
+                "DELETE FROM quota_history WHERE account_id = ?1",
             ] {
                 s.db.execute(sql, &[id.into()])?;
             }

@@ -12,11 +12,13 @@
 //! | [`routes`] | `routes`, `pins`, `cursors` |
 //! | [`load`] | `placements`, `in_flight` (conversations placed lately, requests in flight) |
 //! | [`attempts`] | `attempts` |
+//! | [`history`] | `quota_history` (the quota timeline) |
 //! | [`signals`] | `pending_signals` |
 //! | [`tokens`] | `tokens` (token usage of served answers) |
 
 mod accounts;
 mod attempts;
+mod history;
 mod load;
 mod quota;
 mod routes;
@@ -38,7 +40,7 @@ use pooler_plugin_kit::{Db, DbError, Value};
 /// ROWID`, ids counted per session) instead of a global AUTOINCREMENT id plus an index.
 /// 3: accounts have their options (last-resort, extra usage, in-flight limit, preserve),
 /// and `placements` and `in_flight` count conversations placed lately and requests in flight.
-/// 4: `tokens` sums the token usage of served answers.
+/// 4: `tokens` sums the token usage of served answers; `quota_history` (the quota timeline).
 pub const SCHEMA_VERSION: i64 = 4;
 
 /// How stale a pin's or an account's "last used" time may get before a request that uses
@@ -160,6 +162,19 @@ CREATE TABLE IF NOT EXISTS tokens (
     cache_write INTEGER NOT NULL,
     PRIMARY KEY (at, provider, account_id, thread, model)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS quota_history (
+    account_id TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT,
+    family TEXT,
+    utilization REAL,
+    resets_at INTEGER,
+    status TEXT,
+    until INTEGER
+);
+CREATE INDEX IF NOT EXISTS quota_history_by_account ON quota_history(account_id, at);
+CREATE INDEX IF NOT EXISTS quota_history_by_time ON quota_history(at);
 CREATE TABLE IF NOT EXISTS pending_signals (
     provider TEXT NOT NULL,
     cause TEXT NOT NULL,

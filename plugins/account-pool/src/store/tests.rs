@@ -584,3 +584,87 @@ fn leases_cap_requests_in_flight_across_instances_and_expire() {
     assert_eq!(one.flight_leases("a", t + FLIGHT_LEASE_MS).unwrap(), 0);
     assert_eq!(one.flight_leases("b", t).unwrap(), 0);
 }
+
+/// The quota timeline: window changes, holds and errors come back oldest first, filtered by
+/// provider and time; removing an account removes its history; the tick's prune drops what
+/// is past the retention and keeps each account's newest entries up to the cap.
+#[test]
+fn quota_history_round_trips_and_is_pruned_by_age_and_per_account_cap() {
+    use crate::history::{HISTORY_CAP_PER_ACCOUNT, HISTORY_RETENTION_MS, HistoryEvent};
+    use crate::model::HoldKind;
+    use crate::quota::Window;
+    let db = NativeDb::memory();
+    let s = store(&db);
+    for (id, provider) in [("a", Provider::Claude), ("c", Provider::Codex)] {
+        let credential = Credential::ApiKey(format!("k-{id}"));
+        s.insert_account(
+            id,
+            provider,
+            &credential,
+            id,
+            0,
+            &AccountOptions::default(),
+            10,
+        )
+        .unwrap();
+    }
+    let five_h = Window {
+        name: "5h".into(),
+        family: None,
+        utilization: Some(0.42),
+        resets_at: Some(9_000_000),
+        status: Some("allowed".into()),
+        observed_at: 1_000,
+    };
+    s.record_history("a", 1_000, &HistoryEvent::Window(five_h.clone()))
+        .unwrap();
+    s.set_hold("a", 5_000, HoldKind::RateLimit, 2_000).unwrap();
+    // A shorter hold changes nothing, so it is not history.
+    s.set_hold("a", 4_000, HoldKind::RateLimit, 2_500).unwrap();
+    assert!(s.set_error("a", "refused", 3_000).unwrap());
+    assert!(!s.set_error("a", "refused again", 3_500).unwrap());
+    s.record_history("c", 1_500, &HistoryEvent::Error).unwrap();
+
+    let all = s.quota_history(None, 0).unwrap();
+    let seen: Vec<(&str, u64)> = all.iter().map(|e| (e.account.as_str(), e.at)).collect();
+    assert_eq!(
+        seen,
+        [("a", 1_000), ("c", 1_500), ("a", 2_000), ("a", 3_000)]
+    );
+    assert_eq!(all[0].event, HistoryEvent::Window(five_h));
+    assert_eq!(all[2].event, HistoryEvent::Hold { until: 5_000 });
+    assert_eq!(all[3].event, HistoryEvent::Error);
+    let claude = s.quota_history(Some(Provider::Claude), 1_500).unwrap();
+    assert_eq!(claude.len(), 2, "{claude:?}");
+
+    // Retention: at the tick a day past a week, the first three are gone.
+    s.prune_history(2_500 + HISTORY_RETENTION_MS).unwrap();
+    let left: Vec<u64> = s
+        .quota_history(None, 0)
+        .unwrap()
+        .iter()
+        .map(|e| e.at)
+        .collect();
+    assert_eq!(left, [3_000]);
+
+    // The cap keeps an account's newest entries.
+    let base = 10_000_000;
+    s.tx(|s| {
+        for i in 0..HISTORY_CAP_PER_ACCOUNT + 5 {
+            s.record_history("c", base + i, &HistoryEvent::Error)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    s.prune_history(base).unwrap();
+    let c = s.quota_history(Some(Provider::Codex), 0).unwrap();
+    assert_eq!(c.len() as u64, HISTORY_CAP_PER_ACCOUNT);
+    assert_eq!(c[0].at, base + 5);
+    // Removing an account removes its history.
+    s.remove_account("a").unwrap();
+    assert!(
+        s.quota_history(Some(Provider::Claude), 0)
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -16,8 +16,12 @@ fn update_credential_keeps_the_account_and_its_pins_and_clears_its_error() {
     assert_eq!(p.up.seen(), ["a"]);
     p.admin().set_priority(&a, 7).unwrap();
     let store = p.store();
-    store.set_error(&a, "API key refused (HTTP 401).").unwrap();
-    store.set_hold(&a, T0 + 3_600_000, HoldKind::Token).unwrap();
+    store
+        .set_error(&a, "API key refused (HTTP 401).", T0)
+        .unwrap();
+    store
+        .set_hold(&a, T0 + 3_600_000, HoldKind::Token, T0)
+        .unwrap();
     store.set_needs_sign_in(&a, true).unwrap();
     let seq = store.account(&a).unwrap().unwrap().seq;
     assert_eq!(p.status_of("a"), AccountStatus::Error);
@@ -57,7 +61,7 @@ fn update_credential_keeps_a_rate_limit_hold() {
     let p = Pool::abc();
     let a = p.id("a");
     p.store()
-        .set_hold(&a, T0 + 3_600_000, HoldKind::RateLimit)
+        .set_hold(&a, T0 + 3_600_000, HoldKind::RateLimit, T0)
         .unwrap();
     p.store().take_signals().unwrap();
     let info = p

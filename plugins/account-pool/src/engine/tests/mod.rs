@@ -20,6 +20,7 @@ mod cancel;
 mod edges;
 mod faults;
 mod first_event;
+mod history;
 mod observe;
 mod odd;
 mod redaction;

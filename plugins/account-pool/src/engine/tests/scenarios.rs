@@ -872,7 +872,7 @@ fn ap22_signals_are_coalesced_per_provider() {
     let o = p.add_oauth(Provider::Claude, "o", "at-1", Some(T0 + 3_600_000));
     admin.take_changes().unwrap();
     p.store()
-        .set_error(&o, "OAuth refresh failed with HTTP 400.")
+        .set_error(&o, "OAuth refresh failed with HTTP 400.", 0)
         .unwrap();
     p.up.set(
         "token-endpoint",
