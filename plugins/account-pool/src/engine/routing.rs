@@ -66,6 +66,18 @@ impl Progress {
     }
 }
 
+/// A request stops detouring after this many accounts failed it transiently (each after
+/// its same-account retries), and answers the last failure.
+pub(super) const TRANSIENT_ACCOUNTS_MAX: usize = 3;
+
+/// How many accounts this request has seen fail transiently.
+fn transient_accounts(p: &Progress) -> usize {
+    p.outcomes
+        .iter()
+        .filter(|(_, o)| *o == AttemptOutcome::Transient)
+        .count()
+}
+
 /// The first wait for an account's in-flight limit to free, doubled on each further wait
 /// up to [`BUSY_WAIT_MAX_MS`], all within the inline wait limit.
 const BUSY_WAIT_FIRST_MS: u64 = 100;
@@ -181,6 +193,13 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     self.end_flight(lease.as_deref());
                     return Err(e);
                 }
+            }
+            if transient_accounts(&p) >= TRANSIENT_ACCOUNTS_MAX {
+                // As many accounts failed the same passing way: the provider's trouble, not
+                // theirs. Trying every other account too multiplies the load on an
+                // overloaded provider (a 40-account pool: 120 attempts per request) and
+                // answers no sooner; the failure goes back for the client to retry.
+                break;
             }
         }
 

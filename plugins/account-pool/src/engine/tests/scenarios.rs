@@ -72,6 +72,33 @@ fn ap2_pinned_session_returns_home_after_each_transient_failure() {
     }
 }
 
+/// A provider-wide overload: every account answers 529. The request gives up after three
+/// accounts failed it (each retried on itself first) instead of trying all five, and the
+/// client gets the overload to retry; nothing moves.
+#[test]
+fn a_provider_wide_overload_stops_after_three_accounts() {
+    let p = Pool::new();
+    for l in ["a", "b", "c", "d", "e"] {
+        p.add_key(l);
+    }
+    assert_eq!(p.claude(Some("S")).status, 200);
+    p.up.seen();
+    for l in ["a", "b", "c", "d", "e"] {
+        p.up.set(l, status(529));
+    }
+    assert_eq!(p.claude(Some("S")).status, 529);
+    assert_eq!(
+        p.up.seen(),
+        ["a", "a", "a", "b", "b", "b", "c", "c", "c"],
+        "three accounts, three tries each; d and e untouched"
+    );
+    assert_eq!(p.pinned(Provider::Claude, "S").as_deref(), Some("a"));
+    // One account in trouble alone is still detoured around.
+    p.up.clear("b");
+    assert_eq!(p.claude(Some("S")).status, 200);
+    assert_eq!(p.up.seen(), ["a", "a", "a", "b"]);
+}
+
 /// AP-3: a longer outage detours every request (each trying the pin first) and returns
 /// on the first request after recovery.
 #[test]
