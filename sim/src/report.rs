@@ -95,6 +95,8 @@ pub struct Figures {
     pub repins_per_conversation: f64,
     /// The most conversations re-pinned onto one account within one minute.
     pub herd: usize,
+    /// When that minute began (hours into the run), to look there first.
+    pub herd_at_hour: f64,
     pub refused_429: u64,
     pub refused_529: u64,
     pub errors_5xx: u64,
@@ -163,14 +165,16 @@ pub fn figures(r: &Recorded) -> Figures {
         .map(|p| p.2.as_str())
         .collect::<HashSet<_>>()
         .len();
-    let mut herd = 0;
+    let (mut herd, mut herd_at) = (0, r.start);
     for (i, (t, ..)) in repins.iter().enumerate() {
         let account = repins[i].3;
         let within = repins
             .iter()
             .filter(|p| p.3 == account && p.0 >= *t && p.0 < t + MINUTE)
             .count();
-        herd = herd.max(within);
+        if within > herd {
+            (herd, herd_at) = (within, *t);
+        }
     }
     let refused = count(AttemptEnd::RateLimited) + count(AttemptEnd::Overloaded);
     let waiting_in = |from: u64, to: u64| {
@@ -278,6 +282,7 @@ pub fn figures(r: &Recorded) -> Figures {
             3,
         ),
         herd,
+        herd_at_hour: round(h(herd_at.saturating_sub(r.start)), 3),
         refused_429: count(AttemptEnd::RateLimited),
         refused_529: count(AttemptEnd::Overloaded),
         errors_5xx: count(AttemptEnd::Error),
