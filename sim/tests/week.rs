@@ -50,7 +50,10 @@ fn six_hours_on_two_small_accounts_give_these_exact_figures_every_time() {
     // Soonest-reset (the default) spreads the three conversations; when both accounts are
     // spent and the first resets, it is the only one that can serve: all three move there.
     assert_eq!((f.conversations, f.repins, f.detours, f.herd), (3, 5, 0, 3));
-    assert_eq!(f.herd_at_hour, 5.514, "the minute after the first window's reset");
+    assert_eq!(
+        f.herd_at_hour, 5.514,
+        "the minute after the first window's reset"
+    );
     assert_eq!(f.home_share, 0.988);
     assert_eq!((f.refused_429, f.refused_529, f.errors_5xx), (0, 0, 6));
     assert_eq!(f.failed_turn_chains, 6);
