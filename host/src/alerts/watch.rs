@@ -262,7 +262,7 @@ impl Host {
         };
         let ids: Vec<String> = tracked.iter().map(|(t, _)| t.clone()).collect();
         let infos = self.shared.services.threads.get_threads(CALLER, &ids);
-        let mut stuck: Vec<(String, String)> = Vec::new();
+        let mut stuck: Vec<String> = Vec::new();
         let mut done: Vec<String> = Vec::new();
         for ((thread, request), info) in tracked.into_iter().zip(infos) {
             match info {
@@ -272,7 +272,7 @@ impl Host {
                         && !info.input_queued
                         && info.latest_request.as_deref() == Some(request.as_str()) =>
                 {
-                    stuck.push((thread, request));
+                    stuck.push(thread);
                 }
                 // Moved on (a new turn, a person's message, archived) or gone.
                 _ => done.push(thread),
@@ -289,7 +289,7 @@ impl Host {
             }
         }
         let mut present = Vec::new();
-        for (thread, request) in stuck {
+        for thread in stuck {
             let open = self
                 .alerts()
                 .episodes
@@ -301,7 +301,6 @@ impl Host {
             if !open {
                 c.reason = self.why_retries_ended(&thread).await;
             }
-            let _ = request;
             present.push(c);
         }
         let mut episodes = self
