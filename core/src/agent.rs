@@ -1067,7 +1067,7 @@ mod tests {
             .expect("the agent's background process was killed with its group");
     }
 
-    /// Issue 18, item 13: the parsers of Claude Code's and Codex's output, on arbitrary and
+    /// The parsers of Claude Code's and Codex's output, on arbitrary and
     /// on near-valid lines.
     mod properties {
         use super::*;

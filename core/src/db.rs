@@ -130,7 +130,7 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // v2: the due loop's reads (claimable rows, claimed rows, a thread's live row) use
     // indexes; before, each pass scanned every queued row, and one availability change
-    // that moved N rows made N passes (issue 5).
+    // that moved N rows made N passes.
     r#"
     CREATE INDEX queued_rows_by_thread ON queued_rows(thread_id);
     CREATE INDEX queued_rows_by_state ON queued_rows(wait_state, send_at);
@@ -153,7 +153,7 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE threads ADD COLUMN agent_args TEXT NOT NULL DEFAULT '[]';
     ALTER TABLE turn_requests ADD COLUMN in_agent_session INTEGER NOT NULL DEFAULT 0;
     "#,
-    // v5: retention (issue 18): the prune tick reads each table oldest first and stops at
+    // v5: retention: the prune tick reads each table oldest first and stops at
     // its cutoff, so a pass costs its batch, not the table.
     r#"
     CREATE INDEX history_by_at ON history(at);

@@ -688,7 +688,7 @@ mod tests {
 
     /// What the due loop does on every wake (start queued turns, claim due rows, find the
     /// next send time) must not grow with the number of rows waiting for later: one
-    /// availability change moving N rows wakes it up to N times (issue 5).
+    /// availability change moving N rows wakes it up to N times.
     #[test]
     fn a_due_pass_costs_the_same_with_ten_times_more_future_rows() {
         let pass = |core: &Core| {
@@ -708,7 +708,7 @@ mod tests {
         std::fs::remove_dir_all(large_dir).unwrap();
     }
 
-    /// Issue 18, item 8: a verdict whose `postpone` or `drop` fails (a storage error)
+    /// A verdict whose `postpone` or `drop` fails (a storage error)
     /// leaves the row claimed, holding a slot. After the claim lease the row is released
     /// and gated again, the old claim is void, and the row is dispatched exactly once.
     #[test]

@@ -405,7 +405,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-        /// Rate-limit headers of any value at any time (issue 18, item 13): a snapshot
+        /// Rate-limit headers of any value at any time: a snapshot
         /// never panics (no overflow), is deterministic, its utilizations are numbers
         /// in 0..=1 (never NaN), and no reset lies past the horizon.
         #[test]

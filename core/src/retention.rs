@@ -290,7 +290,7 @@ mod tests {
         }
     }
 
-    /// Issue 18, item 10: rows past retention are gone after a prune; the rows still
+    /// Rows past retention are gone after a prune; the rows still
     /// needed stay, and the queue still works.
     #[test]
     fn a_prune_removes_what_is_past_retention_and_keeps_what_is_needed() {

@@ -206,7 +206,7 @@ mod tests {
         assert!(p.push(b"\n").is_empty());
     }
 
-    /// Issue 18, item 10: a line that never ends must not grow the parser's memory; the
+    /// A line that never ends must not grow the parser's memory; the
     /// event it is part of is dropped, and the stream goes on.
     #[test]
     fn a_huge_line_is_dropped_without_holding_its_bytes() {

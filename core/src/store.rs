@@ -558,7 +558,7 @@ pub(crate) fn history(conn: &Connection, thread: &str) -> rusqlite::Result<Vec<H
 
 /// The core's statements run through rusqlite's statement cache: `Connection::execute`
 /// and `query_row` parse their SQL on every call, and parsing was a sixth of the CPU of a
-/// pass that moves many rows (issue 5).
+/// pass that moves many rows.
 pub(crate) trait CachedSql {
     /// `execute` through the statement cache.
     fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;

@@ -329,7 +329,7 @@ fn actions(f: &Fixture, thread: &str) -> Vec<String> {
     show.history.into_iter().map(|e| e.action).collect()
 }
 
-/// Issue 18 item 14: a caller naming thread a cannot move or cancel b's row, by
+/// A caller naming thread a cannot move or cancel b's row, by
 /// `reschedule`, `reschedule-many` or `cancel`. Each is refused naming the owner, and b's
 /// row keeps its send time, reason and claim (its dispatch still goes through).
 #[test]
@@ -851,7 +851,7 @@ fn restart_keeps_rows_attempts_and_the_limit() {
     assert_eq!(info.latest_request, Some(failed));
 }
 
-/// Issue 5: the queue's bookkeeping (`schedule-retry`, `reschedule`, `cancel`) commits
+/// The queue's bookkeeping (`schedule-retry`, `reschedule`, `cancel`) commits
 /// without a sync of its own; the commits that start a turn (a person's message, a
 /// dispatched row, send-now) are synced, so a power loss cannot send a turn twice.
 #[test]

@@ -4,26 +4,22 @@
 //!
 //! # The compile cache
 //!
-//! Compiling the two embedded components with Cranelift takes ~0.9 s on an idle 2-core
-//! machine, which every fresh data directory used to pay (wasmtime's own cache lived in
+//! Compiling the two embedded components with Cranelift takes most of a second, which
+//! every fresh data directory used to pay (wasmtime's own cache lived in
 //! `DATA_DIR/cache`). Three ways out were weighed:
 //!
 //! - wasmtime's built-in cache in one directory every data directory shares: a hit still
 //!   reads and zstd-decompresses the whole artifact and copies it into fresh executable
-//!   memory (most of the 46 ms a warm data directory took to start);
+//!   memory (most of a warm data directory's start);
 //! - precompiling at build time: the build script would need wasmtime with Cranelift as a
-//!   build dependency — a second full wasmtime build (a few minutes on two cores, against a
-//!   CI budget of 30 and a clean host build of ~6), and the artifact would be tied to the
-//!   build machine's CPU features;
+//!   build dependency — a second full wasmtime build in every clean build, and the
+//!   artifact would be tied to the build machine's CPU features;
 //! - **chosen**: our own cache of precompiled artifacts ([`Engine::precompile_component`]'s
 //!   output, wasmtime's `.cwasm`), shared by every data directory (`[server] compile-cache`,
 //!   `$POOLER_CACHE_DIR`, else the platform's cache directory, see
 //!   [`crate::cli::compile_cache_dir`]). A hit is [`Component::deserialize_file`], which maps
 //!   the file instead of reading and decompressing it, so only the first start on a machine
-//!   compiles. Measured (`cargo bench -p pooler-tests --bench host`, part 4, serve start to
-//!   the first answered request, medians of 5, three runs on a busy 2-core machine): cold
-//!   cache 1.6–2.3 s, fresh data directory on a warm cache 49–56 ms (most of it creating
-//!   the databases), warm data directory 12–27 ms.
+//!   compiles. The start times this buys are in `docs/05-request-cost.md`.
 //!
 //! An entry is named by a SHA-256 of the component's bytes and of the engine's compatibility
 //! hash ([`Engine::precompile_compatibility_hash`]: wasmtime's version, the target, the
@@ -77,7 +73,7 @@ pub fn build(limits: EngineLimits) -> anyhow::Result<Engine> {
     let mut config = Config::new();
     config.wasm_component_model(true);
     // No WASI 0.3 / component-model async here: turning concurrency support off makes every
-    // call cheaper (`shared/TOOLCHAIN.md`: a no-op call 525 -> 171 ns).
+    // call cheaper, and the pool makes several calls per request.
     config.concurrency_support(false);
     // Deadlines: guests check the epoch at loop heads and function entries.
     config.epoch_interruption(true);
@@ -86,7 +82,7 @@ pub fn build(limits: EngineLimits) -> anyhow::Result<Engine> {
     if std::env::var_os("POOLER_PERF_MAP").is_some_and(|v| v == "1") {
         config.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }
-    // Stores and instances from pre-allocated slots: instantiation ~7 µs instead of 13 µs,
+    // Stores and instances from pre-allocated slots: instantiation about twice as fast,
     // which matters with a fresh instance per request.
     let mut pooling = PoolingAllocationConfig::default();
     pooling

@@ -1,4 +1,4 @@
-//! One server per data directory (issue 18, item 7): a second `pooler serve` on a directory
+//! One server per data directory: a second `pooler serve` on a directory
 //! a running server holds is refused before it touches anything — no start-up recovery, no
 //! new admin token — with the holder's pid and address; a SIGKILLed server's lock blocks
 //! nobody.

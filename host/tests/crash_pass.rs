@@ -1,4 +1,4 @@
-//! Crash-safety of a re-evaluation pass (issue 18, item 12c): a real `pooler serve` is
+//! Crash-safety of a re-evaluation pass: a real `pooler serve` is
 //! killed with SIGKILL while Provider Retry moves thousands of rows after one availability
 //! change, then started again on the same data directory.
 //!

@@ -1,4 +1,4 @@
-//! The one benchmark table (on demand, not in CI; issue 18, item 16):
+//! The one benchmark table (on demand, not in CI):
 //!
 //! ```text
 //! cargo bench -p pooler-tests --bench table
@@ -31,7 +31,7 @@
 //!   default 5, medians and spread).
 //!
 //! Needs `wrk` and `nginx` on the PATH or in `/usr/bin`, `/usr/sbin`
-//! (`apt-get install wrk nginx-light`). The targets of issue 18: RSS with 64 streams under
+//! (`apt-get install wrk nginx-light`). The targets: RSS with 64 streams under
 //! 100 MB; at 64 clients at least 0.15× nginx's requests/s; the other figures no worse than
 //! before. `TABLE_BENCH_ONLY=load,memory` (any of `load`, `memory`, `reevaluate`, `start`)
 //! runs just those parts.

@@ -724,7 +724,7 @@ async fn a_refused_request_is_answered_without_its_body_being_kept() {
     assert_eq!(pool.seen(), ["A"]);
 }
 
-/// Issue 18, item 13: the body skimmer's SIMD path runs only in the component, so bodies
+/// The body skimmer's SIMD path runs only in the component, so bodies
 /// whose conversation strings put quotes, escapes, non-ASCII and escaped control bytes at
 /// every offset of a 16-byte block go through the real pool: every well-formed body's
 /// session (stated only in `metadata.user_id`, no header) is read and pinned, and the same

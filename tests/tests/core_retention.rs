@@ -1,4 +1,4 @@
-//! The core's retention driven by the host's prune tick (issue 18, item 10), on the manual
+//! The core's retention driven by the host's prune tick, on the manual
 //! clock: `[core.retention]` from the configuration, delivered events, old history and
 //! unneeded turns gone after a tick, and a waiting retry row with everything it needs kept
 //! and still dispatched.

@@ -1,4 +1,4 @@
-//! Hostile plugins (issue 18, items 4 and 14): fixtures that give the host absurd values —
+//! Hostile plugins: fixtures that give the host absurd values —
 //! send times in the far past and past year 9999, a row moved into the past during its own
 //! gate, a megabyte drop reason, megabyte log lines, thousands of availability signals in
 //! one call, ids the core does not know — or that try to reach hosts nobody granted them.
@@ -36,7 +36,7 @@ fn warnings(rule: &str, more: impl Fn(&LogLine) -> bool) -> Vec<LogLine> {
 }
 
 // ---------------------------------------------------------------------------------------
-// The outbound allow-list (item 4): the fixture pool, its `/fetch?url=` and the admin API.
+// The outbound allow-list: the fixture pool, its `/fetch?url=` and the admin API.
 
 async fn pool_host(settings: &str, with_listener: bool) -> (TestHost, String) {
     let mut setup = Setup::new().role(Role::AccountPool, fixtures::POOL, settings);
@@ -236,7 +236,7 @@ async fn plain_http_beyond_loopback_is_refused_as_a_setting_a_configured_host_an
 }
 
 // ---------------------------------------------------------------------------------------
-// Hostile values through the pool's imports (item 14): log and availability-listener.
+// Hostile values through the pool's imports: log and availability-listener.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_line_of_megabytes_is_cut_to_8_kib_with_one_warning_and_the_host_serves_on() {
@@ -364,7 +364,7 @@ async fn thousands_of_signals_in_one_call_are_one_delivery_and_a_bounded_number_
 }
 
 // ---------------------------------------------------------------------------------------
-// Hostile values through `threads` and `before-dispatch` (item 14): the fixture retry
+// Hostile values through `threads` and `before-dispatch`: the fixture retry
 // plugin in front of the core, with the real pool and a fake upstream.
 
 /// A thread whose first turn failed and was scheduled by the fixture with the current
@@ -575,7 +575,7 @@ async fn unknown_ids_are_refused_with_one_warning_per_call_and_rule() {
     retry_still_works(&h, &thread).await;
 }
 
-/// Issue 18 item 14: the retry plugin, working on thread a, names thread b's row in
+/// The retry plugin, working on thread a, names thread b's row in
 /// `reschedule`, `cancel` and a `reschedule-many` that also moves a's own row. Each foreign
 /// call is refused as `no-such-row` with a warning naming the plugin, the row and both
 /// threads; a's own move commits; b's row keeps its time, reason and history, and is still

@@ -1,4 +1,4 @@
-//! Hostile SQL from real guests (issue 18, items 1, 2 and 14): an endless `WITH RECURSIVE`,
+//! Hostile SQL from real guests: an endless `WITH RECURSIVE`,
 //! a result that would fill the host's memory, and pragmas that would change the process or
 //! the files, run by the fixture pool (`/hostile-sql/<case>`) and the fixture Provider Retry
 //! (`settings.get-setting("hostile-sql:<case>")`). Each is refused or bounded with a logged

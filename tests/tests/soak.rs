@@ -1,4 +1,4 @@
-//! The soak (issue 18, item 15): a bounded run of 64 concurrent streaming clients through the
+//! The soak: a bounded run of 64 concurrent streaming clients through the
 //! real Account Pooler (three Claude API-key accounts A, B, C) in the real host, with the real
 //! core and the real Provider Retry, while a fault injector in the fake upstream makes the
 //! accounts fail:

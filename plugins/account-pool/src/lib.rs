@@ -44,7 +44,7 @@ pub mod stream;
 pub mod token;
 pub mod tokens;
 
-/// Strategies of the property tests (issue 18, item 13).
+/// Strategies of the property tests.
 #[cfg(test)]
 mod props;
 

@@ -23,7 +23,7 @@ pub const REFRESH_BUDGET_MS: u64 = 60_000;
 /// How long a refresh lease is held before another request may take over: longer than the
 /// slowest refresh (100 s, see [`REFRESH_BUDGET_MS`]), so a lease only expires under a
 /// refresh that died with its instance. It was 15 s, less than a refresh may take: a
-/// second request then took the lease and spent the same refresh token again (issue 18).
+/// second request then took the lease and spent the same refresh token again.
 /// A request that finds the lease taken waits this long at most for the refresh's token.
 pub const LEASE_MS: u64 = 120_000;
 /// Tokens with no stated lifetime are assumed to last this long.

@@ -1,4 +1,4 @@
-//! Strategies the property tests share (issue 18, item 13): JSON values and bodies an
+//! Strategies the property tests share: JSON values and bodies an
 //! agent might send, bodies damaged on the way, and header values of every shape an
 //! upstream or a hostile client might put in a header. Each property test runs a bounded
 //! number of cases ([`CASES`]); what proptest finds is kept in `proptest-regressions/`.

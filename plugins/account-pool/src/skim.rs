@@ -6,7 +6,7 @@
 //! strings (the conversation), and the pool needs a few small members of it. Strings the
 //! caller does not read are stepped over 16 bytes at a time with wasm SIMD (8 natively
 //! with a 64-bit word): serde_json checks a skipped string four bytes at a time on wasm32,
-//! and a 300 KiB body cost ~1 ms of the pool's guest. Strings it reads are decoded into
+//! which made skipping the conversation most of the pool's guest time. Strings it reads are decoded into
 //! its sink a run at a time, never held here.
 //!
 //! What is accepted is serde_json's grammar (escapes checked, control characters refused

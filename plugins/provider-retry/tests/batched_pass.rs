@@ -1,6 +1,6 @@
 //! A re-evaluation pass works in chunks: per chunk of candidates it reads the threads with
 //! one `get-threads`, asks the pool with one `query-many` and moves the rows with one
-//! `reschedule-many` (issue 5: one availability change may concern 10,000 rows). These
+//! `reschedule-many` (one availability change may concern 10,000 rows). These
 //! tests pin the call pattern and what happens when part of a batch fails.
 
 mod common;
@@ -174,7 +174,7 @@ fn a_pass_that_changes_nothing_writes_nothing() {
     assert_eq!(*w.core.batches.borrow(), ["get-threads 5"]);
 }
 
-/// Issue 18 item 14: the plugin's record of a chain names row 1, but the core's queue was
+/// The plugin's record of a chain names row 1, but the core's queue was
 /// reset behind its back and row 1 is now another thread's. The pass's `reschedule-many`
 /// names each row's thread: the stale chain's move is refused (`no-such-row`) and the chain
 /// closed (its cancel refused too), the other thread's move in the same batch commits, and

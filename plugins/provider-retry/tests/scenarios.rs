@@ -937,7 +937,7 @@ fn a_failing_candidate_does_not_hold_up_the_others() {
     assert!(w.only_row("thr_b").send_at < T + 45 * S);
 }
 
-/// Issue 18, item 9: the pool blocked until the far future (an absurd Retry-After
+/// The pool blocked until the far future (an absurd Retry-After
 /// upstream) with no maximum wait moves the row to the far future: the send time
 /// saturates instead of wrapping into the past (which would dispatch it at once) or
 /// panicking.

@@ -375,7 +375,7 @@ mod tests {
         assert!(first.holds_connection());
         assert_eq!(cache.idle_count(&path), 0);
         drop(first);
-        // It was closed, not handed on with its temporary table (issue 18, item 3).
+        // It was closed, not handed on with its temporary table.
         assert_eq!(cache.idle_count(&path), 0);
         let again = cache.open(tmp.path(), "db").unwrap();
         assert!(again.query("SELECT * FROM temp.marker", vec![]).is_err());

@@ -44,7 +44,7 @@ impl Drop for Connection {
         };
         // A connection whose own state a statement changed (a temporary table, view,
         // index or trigger) is closed rather than handed to another instance, which would
-        // see that state (issue 18, item 3). Closing drops it all.
+        // see that state. Closing drops it all.
         if held.keep {
             return close(conn);
         }

@@ -41,7 +41,7 @@ pub struct PassSummary {
 }
 /// What a pass reads ahead and defers for one chunk of candidates: a pass over N candidates
 /// makes a few calls per chunk into the core and the pool, not a few per candidate (one
-/// availability change can concern thousands of rows; issue 5).
+/// availability change can concern thousands of rows).
 #[derive(Default)]
 pub(super) struct Chunk {
     /// The chunk's threads, read with one `get-threads` (taken on use).

@@ -1,4 +1,4 @@
-//! Faults and absurd input (issue 18): upstream values that would overflow time
+//! Faults and absurd input: upstream values that would overflow time
 //! arithmetic, a token endpoint that stalls past the refresh lease, a refresh whose write
 //! loses to another, and storage that fails after an upstream served the answer.
 
@@ -109,7 +109,7 @@ fn stored_tokens(p: &Pool, label: &str) -> OAuthTokens {
     }
 }
 
-/// Issue 18, item 5: a token endpoint that takes 40 s (within its deadlines: connect, then
+/// A token endpoint that takes 40 s (within its deadlines: connect, then
 /// 30 s to the head, 30 s between pieces) keeps its refresh lease to the end. A second
 /// request on another instance waits for it and sends the token it got; it never takes
 /// the lease over and spends the same refresh token a second time.
@@ -165,7 +165,7 @@ fn a_refresh_slower_than_fifteen_seconds_keeps_its_lease() {
     remove_db(&path);
 }
 
-/// Issue 18, item 5: the token write is conditional on the token it replaces. While this
+/// The token write is conditional on the token it replaces. While this
 /// refresh stalls, another writer (another instance's refresh, a person replacing the
 /// sign-in) stores other tokens; the stalled refresh's write then loses, and the request
 /// re-reads and sends the winner's token instead of overwriting it.
@@ -300,7 +300,7 @@ impl<'a> Upstream for Trickling<'a> {
     }
 }
 
-/// Issue 18, item 5: a token endpoint whose answer trickles in (each piece within the
+/// A token endpoint whose answer trickles in (each piece within the
 /// 30 s between pieces, 75 s in all) is abandoned once 60 s have passed since the refresh
 /// was sent, so a refresh ends within its lease: it fails as transient, the expired
 /// token's request gets the pool's 503, the lease is released and the late token is never
@@ -450,7 +450,7 @@ fn send_through(p: &Pool, db: &Failing<'_>, session: &str) -> Resp {
     })
 }
 
-/// Issue 18, item 6: the disk is full after the upstream served: the quota observation,
+/// The disk is full after the upstream served: the quota observation,
 /// the attempt, the pin and the cursor cannot be written. The client still gets the
 /// served answer (not the pool's 503, which would make the agent pay for the request
 /// again), and one warning names what was lost.
@@ -499,7 +499,7 @@ fn a_served_answer_reaches_the_client_when_its_bookkeeping_cannot_be_written() {
     );
 }
 
-/// Issue 18, item 6: a write that fails once after the upstream served (a busy wait that
+/// A write that fails once after the upstream served (a busy wait that
 /// ran out) is retried: the attempt and the pin are written by the second try and
 /// nothing is reported lost.
 #[test]
