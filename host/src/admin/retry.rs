@@ -289,7 +289,7 @@ pub(super) fn availability_view(a: Availability) -> AvailabilityView {
 mod tests {
     //! The router without the plugin (its paths, methods and the 503 of a missing plugin)
     //! and the mapping of the WIT data and errors. With the real plugin the area is driven
-    //! end to end by `host/tests/cli_retry.rs`.
+    //! end to end by `host/tests/all/cli_retry.rs`.
 
     use hyper::StatusCode;
     use serde_json::{Value, json};

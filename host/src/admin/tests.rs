@@ -1,5 +1,5 @@
 //! The admin router without plugins: the token, the paths, the body rules and the error
-//! shape. (With the real plugins it is driven end to end by `host/tests/cli_pool.rs`.)
+//! shape. (With the real plugins it is driven end to end by `host/tests/all/cli_pool.rs`.)
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! history; the host benchmark measures the same through the component boundary).
 //! Prints the time for 1,000 and 10,000 rows and the growth factor between them.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/all/common/mod.rs"]
 mod common;
 
 use std::time::Instant;

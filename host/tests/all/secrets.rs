@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod support;
+use crate::support;
 use support::text;
 
 // The secret part of each is after its provider prefix (what every Claude key shares).

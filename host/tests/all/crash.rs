@@ -14,7 +14,7 @@
 
 #![cfg(unix)]
 
-mod support;
+use crate::support;
 
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -343,7 +343,7 @@ impl Drop for Reap {
     }
 }
 
-/// A stand-in for the Codex CLI (the real CLI is driven in `tests/tests/agents.rs`): every
+/// A stand-in for the Codex CLI (the real CLI is driven in `tests/tests/all/agents.rs`): every
 /// run appends `run <args>` to `runs`. The first run prints the session it started, writes
 /// its pid to `pid` (the test's signal: the turn is mid-run) and blocks; later runs print a
 /// whole turn and end.

@@ -2,7 +2,7 @@
 //! counters `pooler_retry_decisions_total{kind,trigger}` and
 //! `pooler_retry_rows_moved_total{direction}`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use provider_retry::ports::Level;

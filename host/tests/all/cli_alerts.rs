@@ -10,7 +10,7 @@ use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 
-mod support;
+use crate::support;
 use support::Served;
 
 const HOOK_PATH: &str = "/hook/T0CLISECRET99";

@@ -2,7 +2,7 @@
 //! the concurrency gate, the before-dispatch verdicts, send-now, and exactly-once dispatch
 //! across restarts.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Barrier};
 

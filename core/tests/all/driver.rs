@@ -3,7 +3,7 @@
 //! a dropped connection, a stream broken or stalled mid-way) and records what it received.
 //! Timeouts run on the manual clock; nothing sleeps.
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

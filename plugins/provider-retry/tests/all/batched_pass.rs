@@ -3,7 +3,7 @@
 //! `reschedule-many` (one availability change may concern 10,000 rows). These
 //! tests pin the call pattern and what happens when part of a batch fails.
 
-mod common;
+use crate::common;
 
 use common::*;
 use provider_retry::engine::PASS_CHUNK;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod support;
+use crate::support;
 use support::{Served, text};
 
 const KEY_A: &str = "sk-ant-api03-status-secret-AAAA";

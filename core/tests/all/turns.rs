@@ -1,7 +1,7 @@
 //! Threads, turns and the outbox: what a finished turn records, what the plugin events carry,
 //! and how the outbox delivers them at least once, in order per thread, across restarts.
 
-mod common;
+use crate::common;
 
 use common::*;
 use pooler_core::*;

@@ -6,7 +6,7 @@
 //! The process runs on the real clock, so this test polls the databases (with a limit)
 //! instead of moving a manual clock.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,11 +1,11 @@
 //! `pooler thread new --agent …` as a user meets it: a real `pooler serve` process whose
 //! `[agents]` table names binaries. What cannot run is refused when the thread is made, with
 //! a message that says what to fix, and no thread is left behind; `--help` explains the
-//! agents. (Turns of real agent CLIs are driven in `tests/tests/agents.rs`.)
+//! agents. (Turns of real agent CLIs are driven in `tests/tests/all/agents.rs`.)
 
 #![cfg(unix)]
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

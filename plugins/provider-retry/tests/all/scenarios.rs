@@ -2,7 +2,7 @@
 //! engine, policy and SQLite store, with a fake core, pool, clock and random source. The
 //! integration tests in the real host cover the same ids end to end.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-mod support;
+use crate::support;
 use support::{Served, text};
 
 const KEY_A: &str = "sk-ant-api03-first-secret-AAAA";

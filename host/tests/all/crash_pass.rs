@@ -33,7 +33,7 @@
 
 #![cfg(unix)]
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};

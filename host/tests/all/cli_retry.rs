@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod support;
+use crate::support;
 use support::{Served, text};
 
 const KEY: &str = "sk-ant-api03-retry-secret-ZZZZ";
