@@ -34,17 +34,17 @@ pub fn endpoint_url(addr: SocketAddr) -> String {
     format!("http://{addr}")
 }
 
+/// Every byte but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`): safe in a path
+/// segment, a query component and a form field alike.
+pub const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// Percent-encode a path segment (everything but unreserved characters).
 pub fn percent_encode(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(segment, COMPONENT).to_string()
 }
 
 /// A provider as the admin API and the CLI spell it.

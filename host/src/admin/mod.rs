@@ -267,11 +267,9 @@ pub fn loopback_only() -> Response<HyperOutgoingBody> {
     json_response(e.status, &e.to_json())
 }
 
+/// Compare two byte strings in time independent of where they differ (tokens, codes).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response<HyperOutgoingBody> {
@@ -504,23 +502,24 @@ impl From<CallError> for ApiError {
 }
 
 /// Decode a percent-encoded path segment or query component (`+` stays `+`).
+/// A `%` not followed by two hex digits is refused, where the crate's decoder would keep it
+/// as it is: a client that sent it meant something the path does not say.
 pub fn percent_decode(text: &str) -> Result<String, ApiError> {
     let bad = || ApiError::bad_request("bad-path", "the path has an invalid percent-encoding");
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
-            let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    let well_formed = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return Err(bad());
     }
-    String::from_utf8(out).map_err(|_| bad())
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(|text| text.into_owned())
+        .map_err(|_| bad())
 }
 
 #[cfg(test)]

@@ -103,23 +103,13 @@ pub fn pkce_challenge(verifier: &str) -> String {
     URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
 }
 
-/// `application/x-www-form-urlencoded` / query encoding of one component.
-fn form_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
+/// `application/x-www-form-urlencoded` body or query string of `pairs`. A space is `%20`
+/// rather than `+` (both mean a space there; `%20` also reads right to a plain URL decoder).
 fn form(pairs: &[(&str, &str)]) -> String {
+    let encode = |text| percent_encoding::utf8_percent_encode(text, crate::wire::COMPONENT);
     pairs
         .iter()
-        .map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v)))
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
         .collect::<Vec<_>>()
         .join("&")
 }

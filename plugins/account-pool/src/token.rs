@@ -17,10 +17,7 @@ pub fn hash(token: &str) -> Vec<u8> {
 
 /// Compare two byte strings in time independent of where they differ.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 /// The token a client sent: `Authorization: Bearer <token>`, else `x-api-key`.
