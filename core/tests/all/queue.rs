@@ -921,7 +921,11 @@ fn commits_survive_a_crash_of_the_process() {
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "commits_survive_a_crash_of_the_process",
+            // The test's name in this binary: its module path without the crate's.
+            &format!(
+                "{}::commits_survive_a_crash_of_the_process",
+                module_path!().split_once("::").map_or("", |(_, m)| m)
+            ),
             "--test-threads=1",
         ])
         .env(CHILD, dir.path())
