@@ -29,11 +29,11 @@
 //! exact. The manual clock moves only in the controller: nothing here sleeps for a timer.
 //!
 //! A test, not a bench, so CI runs it and a regression of any of these invariants fails the
-//! build: `cargo test -p pooler-tests --test all soak::` lasts [`DEFAULT_SECONDS`] of load by
+//! build: `cargo test -p pooler-tests --test soak` lasts [`DEFAULT_SECONDS`] of load by
 //! default (measured on the shared 2-core machine under a load average of 12, debug build:
 //! ~1,900 upstream answers, B out of quota and back 9 times, ~270 pins checked — every
 //! fault state many times over). Run it longer, and faster, with
-//! `SOAK_SECONDS=600 cargo test --release -p pooler-tests --test all soak:: -- --nocapture`.
+//! `SOAK_SECONDS=600 cargo test --release -p pooler-tests --test soak -- --nocapture`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
