@@ -410,6 +410,21 @@ impl Model {
         self.state().served_by.get(&(thread, request)).copied()
     }
 
+    /// Weekly quota still unused at `now`, in accounts' weeks (windows that ended by then are
+    /// closed first): what a run's end leaves that no reset inside the run counted.
+    pub fn weekly_left(&self, now: u64) -> f64 {
+        self.roll_all(now);
+        let state = self.state();
+        state
+            .accounts
+            .iter()
+            .filter_map(|a| {
+                let cap = a.plan.weekly.filter(|c| *c > 0.0)?;
+                Some((1.0 - a.week_used / cap).max(0.0))
+            })
+            .fold(0.0, |sum, left| sum + left)
+    }
+
     pub fn expiries(&self) -> Vec<Expiry> {
         self.state().expiries.clone()
     }
@@ -1379,6 +1394,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(refused.status_code(), 429);
+        let spent = m.weekly_left(START + 18 * HOUR);
         let h = headers(&refused);
         assert_eq!(
             h.get("anthropic-ratelimit-unified-representative-claim")
@@ -1396,6 +1412,9 @@ mod tests {
             START + 18 * HOUR
         ));
         assert!(m.can_serve(ProviderName::Claude, "sonnet", &[true, false, false], reset));
+        // What is left unused counts the spent week as nothing until its reset gives a
+        // whole one back (the other accounts served nothing: theirs stay as they were).
+        assert_eq!(m.weekly_left(reset) - spent, 1.0);
         // Nothing expired at this reset (the week was spent); the next week's 250 units
         // expire whole a week later.
         m.roll_all(reset + WEEK);

@@ -114,6 +114,10 @@ pub struct Figures {
     /// The same, counting only resets with work waiting in the 5 hours before.
     pub weekly_expired_unused_while_waiting: f64,
     pub weekly_expiries: Vec<Expired>,
+    /// Weekly quota unused at the run's end, in accounts' weeks: with what expired and what
+    /// was served, it accounts for every account's quota, so a variant that expires less
+    /// only by leaving more unspent at the end shows it here.
+    pub weekly_left_at_end: f64,
     /// The longest stretches of waiting while capacity existed (at most ten), where to look
     /// first for what the pool did wrong.
     pub longest_waits_with_capacity: Vec<Stretch>,
@@ -317,6 +321,7 @@ pub fn figures(r: &Recorded) -> Figures {
             4,
         ),
         weekly_expiries: expiries,
+        weekly_left_at_end: round(r.weekly_left_at_end, 4),
         longest_waits_with_capacity: stretches,
         token_refreshes: r.refreshes.0,
         token_refreshes_refused: r.refreshes.1,
@@ -422,6 +427,9 @@ fn rows(all: &[Figures]) -> Vec<(String, Vec<String>)> {
                 "{:.2} ({:.2}) weeks",
                 f.weekly_expired_unused, f.weekly_expired_unused_while_waiting
             )
+        }),
+        row("weekly quota left at the end", &|f| {
+            format!("{:.2} weeks", f.weekly_left_at_end)
         }),
         row("token refreshes (refused)", &|f| {
             format!("{} ({})", f.token_refreshes, f.token_refreshes_refused)

@@ -48,6 +48,8 @@ pub struct Recorded {
     pub ledger: Finished,
     pub attempts: Vec<Attempt>,
     pub expiries: Vec<Expiry>,
+    /// Weekly quota unused at the end, in accounts' weeks ([`Model::weekly_left`]).
+    pub weekly_left_at_end: f64,
     pub samples: Vec<Vec<Sample>>,
     pub account_names: Vec<String>,
     /// The pool's view of each account over time: (since, status), changes only.
@@ -506,6 +508,7 @@ async fn simulate(
         ledger: finished,
         attempts: model.attempts(),
         expiries: model.expiries(),
+        weekly_left_at_end: model.weekly_left(end),
         samples: model.samples(),
         account_names: (0..ids.len()).map(|i| model.account_name(i)).collect(),
         statuses,

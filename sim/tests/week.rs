@@ -60,6 +60,12 @@ fn six_hours_on_two_small_accounts_give_these_exact_figures_every_time() {
     assert_eq!(f.retries_per_failed_turn_max, 1);
     assert!(f.retries_per_failed_turn_max < f.attempt_cap);
     assert_eq!(f.person_actions_needed, 0);
+    // No weekly window resets in six hours: both accounts' weeks are left, less what the
+    // run spent of them.
+    assert_eq!(
+        (f.weekly_expired_unused, f.weekly_left_at_end),
+        (0.0, 1.9259)
+    );
     // The picture has a lane per account and per thread, drawn from what was recorded.
     let html = report::html(
         &scenario(),
