@@ -40,6 +40,13 @@ use pooler_plugin_kit::component::{WitDb, WitLog};
 use pooler_plugin_kit::format::{format_duration_ms, parse_duration_ms};
 use pooler_plugin_kit::{Db, DbError, Level, Log, Value};
 
+/// Rust's std imports some WASI interfaces itself (streams, stdio, environment, exit) at the
+/// older 0.2 version it was built with. Linking `wasip2`'s description of the same
+/// interfaces at 0.2.12 lets the component tooling merge the two, so the component imports
+/// WASI at one version, the contract's — as both real plugins do.
+#[used]
+static WASI_VERSION: fn() -> (u64, u64) = wasip2::random::insecure_seed::insecure_seed;
+
 /// The one setting: how long after a failure its retry is sent.
 const DELAY: &str = "delay";
 const DEFAULT_DELAY_MS: u64 = 45_000;
