@@ -1,5 +1,5 @@
 //! `pooler components export`: writes the components this binary embeds and the WIT package
-//! they were built against (both fixed at build time, [`crate::embedded`]) to a directory,
+//! they were built against (both fixed at build time, [`crate::runtime::embedded`]) to a directory,
 //! with a README naming each component's world, imports and exports, so a person can load
 //! them in another host without a Rust toolchain.
 
@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::embedded;
-use crate::roles::{self, Role};
+use crate::runtime::embedded;
+use crate::runtime::roles::{self, Role};
 
 /// The README the export writes beside the components.
 pub const README: &str = "README.md";

@@ -23,7 +23,7 @@
 //! # async fn run() -> anyhow::Result<()> {
 //! use std::sync::Arc;
 //! use pooler_host::{config::Config, runtime::{Host, HostOptions}, server::Server};
-//! use pooler_host::imports::threads::NoCore;
+//! use pooler_host::runtime::imports::threads::NoCore;
 //!
 //! let host = Host::new(HostOptions {
 //!     config: Config::parse("[plugins.account-pool]\ncomponent = \"pool.wasm\"\n")?,
@@ -40,25 +40,17 @@
 
 pub mod admin;
 pub mod alerts;
-pub mod allocator;
-pub mod bindings;
 pub mod cli;
 pub mod components;
 pub mod config;
 pub mod core_link;
-pub mod data_lock;
-pub mod embedded;
-pub mod engine;
-pub mod imports;
 pub mod logging;
 mod maintenance;
 pub mod mediator;
 pub mod metrics;
 pub mod overview;
-pub mod roles;
 pub mod runtime;
 pub mod server;
-pub mod state;
 pub mod tap;
 pub mod timeline;
 pub mod wire;

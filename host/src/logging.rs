@@ -3,7 +3,7 @@
 //! (a `tracing` filter such as `debug` or `info,pooler::plugin=debug`), else `RUST_LOG`, else
 //! `info` for `serve` (`warn` for the other commands).
 //!
-//! A plugin's structured fields (the `log` import, [`crate::imports::log`]) come out as fields
+//! A plugin's structured fields (the `log` import, [`crate::runtime::imports::log`]) come out as fields
 //! of their own: in JSON as members of the line's object (a name the host uses itself —
 //! `timestamp`, `level`, `target`, `message`, `plugin` — gets the prefix `field.`), in text
 //! as `name=value` pairs after the message. The import hands them over twice: `fields`, the

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::bindings::types::PluginError;
-use crate::roles::Role;
+use crate::runtime::bindings::types::PluginError;
+use crate::runtime::roles::Role;
 use crate::runtime::{CallError, Host};
 
 impl Host {

@@ -13,13 +13,15 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use wasmtime::Store;
 
-use crate::bindings::pool::AccountPool;
-use crate::bindings::types::{Availability, AvailabilityChange, PluginError, UnavailableReason};
-use crate::imports::availability::{AvailabilityQuery, AvailabilitySource};
-use crate::imports::listener::{ChangeSink, coalesce};
-use crate::roles::Role;
+use crate::runtime::bindings::pool::AccountPool;
+use crate::runtime::bindings::types::{
+    Availability, AvailabilityChange, PluginError, UnavailableReason,
+};
+use crate::runtime::imports::availability::{AvailabilityQuery, AvailabilitySource};
+use crate::runtime::imports::listener::{ChangeSink, coalesce};
+use crate::runtime::roles::Role;
+use crate::runtime::state::PluginState;
 use crate::runtime::{CallError, CallFuture, Host, HostOptions, Mediation, Shared, Wiring};
-use crate::state::PluginState;
 
 /// How long an availability query may take before the host answers
 /// `unavailable(source-unavailable)` (the contract's 5 s).
@@ -35,8 +37,8 @@ const SOURCE_UNAVAILABLE: Availability =
 /// A plugin's query as the pool's export takes it.
 fn pool_query(
     query: AvailabilityQuery,
-) -> crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
-    crate::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
+) -> crate::runtime::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
+    crate::runtime::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery {
         thread: query.thread,
         provider: query.provider,
         request: query.request,
@@ -360,8 +362,8 @@ pub(crate) async fn deliver(queue: Arc<ChangeQueue>, host: Weak<Shared>) {
                     // One line per availability signal delivered (coalesced per provider).
                     tracing::info!(provider = ?change.provider, causes = ?change.causes, detected_at = change.detected_at, "availability change delivered");
                     let provider = match change.provider {
-                        crate::bindings::types::Provider::Claude => "claude",
-                        crate::bindings::types::Provider::Codex => "codex",
+                        crate::runtime::bindings::types::Provider::Claude => "claude",
+                        crate::runtime::bindings::types::Provider::Codex => "codex",
                     };
                     let _ = host_handle.metrics().counter_add(
                         "pooler_availability_changes_total",

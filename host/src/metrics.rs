@@ -1,6 +1,6 @@
 //! The host's metrics registry: counters and histograms kept in memory for the host's life,
 //! added to by the host itself and by plugins through the `metrics` import
-//! ([`crate::imports::metrics`]), and written in the Prometheus text exposition format
+//! ([`crate::runtime::imports::metrics`]), and written in the Prometheus text exposition format
 //! (version 0.0.4) at `GET /metrics` ([`crate::server`]). Gauges are not stored: the host
 //! computes them at scrape time (accounts by status) and hands them to [`Registry::render`].
 //!

@@ -2,7 +2,7 @@
 //! `x-pooler-origin: pool` — (a head or body too large, a body that stalls, no pool
 //! loaded), counts requests in flight and records an agent turn's answers
 //! ([`crate::tap`]), and hands every other request to the pool
-//! ([`crate::imports::http_in`]). Paths under `/_pooler/` go to the admin
+//! ([`crate::runtime::imports::http_in`]). Paths under `/_pooler/` go to the admin
 //! API ([`crate::admin`]), authenticated by the token the server writes to
 //! `DATA_DIR/admin-token` (0600) at start; `/metrics` to the metrics scrape (same token).
 //! Every request is counted in `pooler_http_requests_total{kind,status}`.
@@ -30,9 +30,9 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::admin::{Admin, METRICS_PATH};
 use crate::core_link::CoreLink;
-use crate::imports::http_in::error_response;
-use crate::roles::Role;
 use crate::runtime::Host;
+use crate::runtime::imports::http_in::error_response;
+use crate::runtime::roles::Role;
 use crate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
 
 /// A bound listener, ready to serve.

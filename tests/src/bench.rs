@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pooler_core::clock::SystemClock;
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
-use pooler_host::bindings::types::Provider;
 use pooler_host::config::Config;
-use pooler_host::imports::threads::NoCore;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
+    Credential, NewAccount,
+};
+use pooler_host::runtime::bindings::types::Provider;
+use pooler_host::runtime::imports::threads::NoCore;
 use pooler_host::runtime::{Host, HostOptions};
 use pooler_host::server::Server;
 
@@ -27,7 +29,7 @@ pub const WORKERS: usize = 2;
 /// Run a benchmark's `main` body on a multi-threaded runtime of [`WORKERS`] threads.
 pub fn run(body: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     // As `pooler`'s main does: the pool child is this binary, not `pooler`.
-    pooler_host::allocator::limit_arenas();
+    pooler_host::runtime::allocator::limit_arenas();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .enable_all()

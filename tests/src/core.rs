@@ -27,16 +27,16 @@ use std::time::Duration;
 
 use pooler_core::clock::{Clock, ManualClock};
 use pooler_core::{Core, Provider, QueuedRow, ThreadShow, TurnRecord};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, Credential, NewAccount,
-};
-use pooler_host::bindings::retry::exports::pooler::plugins::retry_admin::{
-    Candidate, ChainHistory,
-};
-use pooler_host::bindings::types as wit;
 use pooler_host::config::Config;
 use pooler_host::core_link::{CoreLink, CoreOptions};
-use pooler_host::roles::Role;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
+    AccountInfo, Credential, NewAccount,
+};
+use pooler_host::runtime::bindings::retry::exports::pooler::plugins::retry_admin::{
+    Candidate, ChainHistory,
+};
+use pooler_host::runtime::bindings::types as wit;
+use pooler_host::runtime::roles::Role;
 use pooler_host::runtime::{Host, HostOptions};
 use pooler_host::server::Server;
 use tempfile::TempDir;

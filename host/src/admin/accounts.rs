@@ -26,7 +26,7 @@
 //! Codex CLI `auth.json`. No answer ever holds a secret: an account shows a `secret_hint`.
 
 use super::{Admin, AdminRequest, ApiError, Fields, Reply};
-use crate::bindings::pool::exports::pooler::plugins::accounts::{
+use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountOptions, AccountStatus, AccountsError, Credential, CredentialKind,
     ExtraUsage, NewAccount, OauthCredential, OptionsChange, UsageWindow,
 };

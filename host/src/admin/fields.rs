@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::ApiError;
-use crate::bindings::types::Provider;
+use crate::runtime::bindings::types::Provider;
 use crate::wire::ProviderName;
 
 /// A JSON request body, read one named field at a time. Each accessor removes its field;

@@ -36,12 +36,12 @@ use serde_json::{Map, Value};
 use wasmtime::Store;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::bindings::pool::AccountPool;
-use crate::bindings::retry::ProviderRetry;
-use crate::bindings::types::Provider;
 use crate::core_link::CoreLink;
+use crate::runtime::bindings::pool::AccountPool;
+use crate::runtime::bindings::retry::ProviderRetry;
+use crate::runtime::bindings::types::Provider;
+use crate::runtime::state::PluginState;
 use crate::runtime::{CallError, CallFuture, Host};
-use crate::state::PluginState;
 use crate::wire::{ADMIN_PREFIX, ORIGIN_HEADER, ProviderName, endpoint_url};
 
 /// The largest admin request body accepted (a login file is a few KB).

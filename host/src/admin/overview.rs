@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
-use crate::bindings::types::Provider;
+use crate::runtime::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
+use crate::runtime::bindings::types::Provider;
 use crate::overview::{Overview, Problem, RowOverview, ThreadOverview, summarize};
 use crate::wire::{AccountTokensView, AccountView, CandidateView, ProviderName};
 

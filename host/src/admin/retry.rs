@@ -14,10 +14,10 @@
 //! the thread has nothing pending. The plugin's database or a capability failing is 503.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::retry::exports::pooler::plugins::retry_admin::{
+use crate::runtime::bindings::retry::exports::pooler::plugins::retry_admin::{
     Action, AdminError, Candidate, CandidateState, ChainHistory, HistoryEntry, Trigger,
 };
-use crate::bindings::types::{Availability, BlockCause, ChangeCause, UnavailableReason};
+use crate::runtime::bindings::types::{Availability, BlockCause, ChangeCause, UnavailableReason};
 use crate::wire::{ActionView, AvailabilityView, CandidateView, ChainView, EntryView, TriggerView};
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
@@ -108,7 +108,7 @@ async fn cancel(admin: &Admin, thread: &str) -> Result<Reply, ApiError> {
 /// naming the plugin and the rule.
 fn warn_foreign(call: &str, thread: &str, count: usize) {
     tracing::warn!(
-        plugin = crate::roles::Role::ProviderRetry.name(),
+        plugin = crate::runtime::roles::Role::ProviderRetry.name(),
         call,
         thread,
         count,
@@ -141,7 +141,7 @@ fn checked_candidates(admin: &Admin, asked: Option<&str>, candidates: Vec<Candid
             && owner.get(&row).is_some_and(|t| *t != c.thread)
         {
             tracing::warn!(
-                plugin = crate::roles::Role::ProviderRetry.name(),
+                plugin = crate::runtime::roles::Role::ProviderRetry.name(),
                 thread = %c.thread,
                 row,
                 rule = "a candidate's row is a row of its own thread",
@@ -296,7 +296,7 @@ mod tests {
 
     use super::*;
     use crate::admin::tests::{TOKEN, admin};
-    use crate::bindings::types::Blocked;
+    use crate::runtime::bindings::types::Blocked;
 
     async fn call(admin: &Admin, method: &str, path: &str) -> (StatusCode, Value) {
         crate::admin::tests::call(admin, method, path, Some(TOKEN), "").await

@@ -12,8 +12,8 @@
 //! opened_at}`. The token is the agent's secret: it is only ever in the answer to `POST`.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::pool::exports::pooler::plugins::routing::{Route, RouteSummary, RoutingError};
-use crate::bindings::types::Provider;
+use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{Route, RouteSummary, RoutingError};
+use crate::runtime::bindings::types::Provider;
 use crate::wire::{EnvVar, ProviderName, RouteSummaryView, RouteView};
 
 impl From<RouteSummary> for RouteSummaryView {

@@ -10,10 +10,10 @@
 //! percent-encoded. A session with no pin is not an error: `account` is null and `why` says so.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::pool::exports::pooler::plugins::routing::{
+use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{
     AttemptOutcome, AttemptRecord, SessionExplanation, SessionSummary,
 };
-use crate::bindings::types::Provider;
+use crate::runtime::bindings::types::Provider;
 use crate::wire::{AttemptView, SessionSummaryView, SessionView};
 
 impl From<SessionSummary> for SessionSummaryView {

@@ -12,10 +12,10 @@
 //! (durations `250ms`/`20s`/`5m`, fractions `0.98`, booleans `on`/`off`, URLs).
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::pool::exports::pooler::plugins::settings as pool_settings;
-use crate::bindings::retry::exports::pooler::plugins::settings as retry_settings;
-use crate::imports::http_out::{AllowList, Origin};
-use crate::roles::Role;
+use crate::runtime::bindings::pool::exports::pooler::plugins::settings as pool_settings;
+use crate::runtime::bindings::retry::exports::pooler::plugins::settings as retry_settings;
+use crate::runtime::imports::http_out::{AllowList, Origin};
+use crate::runtime::roles::Role;
 use crate::wire::SettingView;
 
 /// The key prefix of each role's settings.

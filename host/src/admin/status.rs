@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::roles::Role;
+use crate::runtime::roles::Role;
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {

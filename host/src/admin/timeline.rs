@@ -21,7 +21,7 @@
 use serde_json::{Value, json};
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::pool::exports::pooler::plugins::accounts::{QuotaEntry, QuotaEvent};
+use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{QuotaEntry, QuotaEvent};
 use crate::timeline::waiting_periods;
 use crate::wire::{AccountView, ProviderName};
 

@@ -7,7 +7,7 @@
 //! | `GET /tokens` | `since` (epoch ms, default 0), `thread`, `by` (`account` default, or `thread`) | `{"totals": [total…]}` |
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::bindings::pool::exports::pooler::plugins::tokens::{
+use crate::runtime::bindings::pool::exports::pooler::plugins::tokens::{
     TokenCounts, TokenGrouping, TokenTotal, TokensError,
 };
 use crate::wire::{ProviderName, TokenCountsView, TokenTotalView};

@@ -8,13 +8,13 @@
 use std::collections::BTreeMap;
 
 use super::model::{AlertKind, Condition};
-use crate::bindings::pool::exports::pooler::plugins::accounts::{
+use crate::runtime::Host;
+use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountStatus, ExtraUsage,
 };
-use crate::bindings::types::Provider;
-use crate::imports::threads::ThreadStatus;
-use crate::roles::Role;
-use crate::runtime::Host;
+use crate::runtime::bindings::types::Provider;
+use crate::runtime::imports::threads::ThreadStatus;
+use crate::runtime::roles::Role;
 
 /// The caller the watcher's `threads` reads are made as (their log lines name it).
 const CALLER: &str = "alerts";
@@ -365,7 +365,7 @@ impl Host {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bindings::pool::exports::pooler::plugins::accounts::{
+    use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{
         AccountOptions, CredentialKind, UsageWindow,
     };
 

@@ -2,7 +2,7 @@
 //! the maintenance tick, and stop cleanly on SIGINT/SIGTERM. While it serves, the data
 //! directory holds `server.json` (where it listens, its pid; 0600), which the other commands
 //! read to find it; a clean exit removes it. It also holds the lock on `DATA_DIR/lock`
-//! ([`crate::data_lock`]): a second server on the same directory is refused.
+//! ([`crate::runtime::data_lock`]): a second server on the same directory is refused.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ use anyhow::Context;
 use super::client::ServerFile;
 use crate::config::Config;
 use crate::core_link::{CoreLink, CoreOptions};
-use crate::data_lock::DataDirLock;
+use crate::runtime::data_lock::DataDirLock;
 use crate::runtime::{Host, HostOptions};
 use crate::server::Server;
 use crate::wire::ADMIN_TOKEN_FILE;
@@ -115,7 +115,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     println!("data directory: {}", data_dir.display());
     println!("admin token: {}", data_dir.join(ADMIN_TOKEN_FILE).display());
     println!("compile cache: {}", compile_cache.display());
-    for role in crate::roles::Role::ALL {
+    for role in crate::runtime::roles::Role::ALL {
         match host.plugin_source(role) {
             Some(source) => println!("plugin {role}: {source}"),
             None => println!("plugin {role}: none"),

@@ -9,9 +9,9 @@ use pooler_core as pc;
 use pooler_core::Core;
 
 use super::Signals;
-use crate::bindings::retry::exports::pooler::plugins::turn_events as events;
-use crate::bindings::types as wit;
-use crate::imports::threads::{
+use crate::runtime::bindings::retry::exports::pooler::plugins::turn_events as events;
+use crate::runtime::bindings::types as wit;
+use crate::runtime::imports::threads::{
     self as wit_threads, ThreadInfo, ThreadStatus, ThreadsError, ThreadsService,
 };
 

@@ -8,9 +8,9 @@ use pooler_core::{Claim, CoreError};
 
 use super::outbox::plugin_error;
 use super::{GATE_FAILURE_PAUSE_MS, Inner, SUBSCRIBER, convert};
-use crate::bindings::retry::exports::pooler::plugins::scheduler::DispatchVerdict;
-use crate::roles::Role;
 use crate::runtime::Host;
+use crate::runtime::bindings::retry::exports::pooler::plugins::scheduler::DispatchVerdict;
+use crate::runtime::roles::Role;
 
 /// The shortest move of a `wait-until`: a time not in the future would gate the row again
 /// at once, in a loop with the plugin.

@@ -8,7 +8,7 @@ use pooler_core::Timestamp;
 use tokio::sync::watch;
 
 use super::{Inner, SUBSCRIBER};
-use crate::roles::Role;
+use crate::runtime::roles::Role;
 
 /// What the loops are doing; also their wake-up channel.
 #[derive(Debug, Clone, Default)]

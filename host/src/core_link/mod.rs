@@ -85,8 +85,8 @@ use tokio::sync::watch;
 pub use convert::{CoreThreads, FAR_PAST_MS, FOREIGN_ROW_RULE, MAX_SEND_AT, bound_send_at};
 pub use options::{AgentOptions, CoreOptions};
 
-use crate::imports::threads::ThreadsService;
-use crate::roles::Role;
+use crate::runtime::imports::threads::ThreadsService;
+use crate::runtime::roles::Role;
 use crate::runtime::{Host, Shared};
 use loops::{Activity, Signals, due_loop, outbox_loop, prune_loop, spawn_loop, tick_loop};
 use turns::StopHandle;

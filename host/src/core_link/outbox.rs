@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use pooler_core::{OutboxEvent, PluginEvent, Timestamp};
 
 use super::{Inner, SUBSCRIBER, convert};
-use crate::bindings::types::PluginError;
 use crate::runtime::Host;
+use crate::runtime::bindings::types::PluginError;
 
 /// Longest pause between redeliveries of an event that keeps failing.
 const MAX_REDELIVERY_PAUSE_MS: u64 = 60_000;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use pooler_host::bindings::types::Provider;
+use pooler_host::runtime::bindings::types::Provider;
 use pooler_host::wire::{
     ProviderName, TokenCountsView as TokenCounts, TokenTotalView as TokenTotal,
 };

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, StatusCode};
 use pooler_core::clock::Clock;
-use pooler_host::roles::Role;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::client::TestClient;
 use pooler_tests::fixtures;
 use pooler_tests::harness::{START_MS, Setup, TestHost};

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 
-use crate::bindings::pool::pooler::plugins::incoming_client::{self, Host};
+use crate::runtime::bindings::pool::pooler::plugins::incoming_client::{self, Host};
 
 /// Raised, once, when the client of one incoming request has gone. Held by the request's
 /// side of the server; [`ClientGone::watch`] gives the store's side.

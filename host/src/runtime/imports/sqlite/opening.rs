@@ -10,7 +10,7 @@ use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 
 use super::connection::map_error;
 use super::lock_wait::wait_for_lock;
-use crate::bindings::pool::pooler::plugins::sqlite::Error;
+use crate::runtime::bindings::pool::pooler::plugins::sqlite::Error;
 
 /// Longest database name.
 pub const MAX_NAME_CHARS: usize = 64;
@@ -229,7 +229,7 @@ fn changes_connection_state(action: &AuthAction<'_>) -> bool {
 mod tests {
     use super::super::connection::Connection;
     use super::*;
-    use crate::bindings::pool::pooler::plugins::sqlite::Value;
+    use crate::runtime::bindings::pool::pooler::plugins::sqlite::Value;
 
     #[test]
     fn names_that_could_leave_the_directory_are_refused() {

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use crate::bindings::pool::pooler::plugins::sqlite::{
+use crate::runtime::bindings::pool::pooler::plugins::sqlite::{
     self, Error, Host, HostConnection, Rows, Value,
 };
 

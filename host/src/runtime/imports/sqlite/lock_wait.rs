@@ -165,7 +165,7 @@ fn lock_wait(attempt: i32) -> Option<Duration> {
 mod tests {
     use super::super::cache::ConnectionCache;
     use super::*;
-    use crate::bindings::pool::pooler::plugins::sqlite::Value;
+    use crate::runtime::bindings::pool::pooler::plugins::sqlite::Value;
 
     #[test]
     fn lock_waits_start_short_and_add_up_to_the_busy_timeout() {

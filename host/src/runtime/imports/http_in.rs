@@ -17,8 +17,8 @@ use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::imports::incoming_client::ClientGone;
-use crate::roles::Role;
+use crate::runtime::imports::incoming_client::ClientGone;
+use crate::runtime::roles::Role;
 use crate::runtime::{CallError, Host};
 use crate::wire::ORIGIN_HEADER;
 

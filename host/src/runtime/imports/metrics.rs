@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
 
-use crate::bindings::pool::pooler::plugins::metrics::{self, Host};
 use crate::metrics::{Refused, Registry};
+use crate::runtime::bindings::pool::pooler::plugins::metrics::{self, Host};
 
 /// Per-instance state: who is reporting, and where to.
 pub struct MetricsCtx {

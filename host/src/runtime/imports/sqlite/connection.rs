@@ -13,7 +13,7 @@ use super::bounds::{self, ResultSize};
 use super::cache::FileSlot;
 use super::lock_wait::{close, with_commits};
 use super::opening::{STATE_CHANGED, open, take_refusal};
-use crate::bindings::pool::pooler::plugins::sqlite::{Error, Rows, Value};
+use crate::runtime::bindings::pool::pooler::plugins::sqlite::{Error, Rows, Value};
 
 /// An open connection: the host side of the WIT `connection` resource. It runs each
 /// statement on a host connection of its file's [`FileSlot`], which it holds on to only

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::connection::{Connection, map_error};
 use super::lock_wait::{Commits, signal_commits, wait_for_lock};
 use super::opening::{as_host, check_name, open};
-use crate::bindings::pool::pooler::plugins::sqlite::Error;
+use crate::runtime::bindings::pool::pooler::plugins::sqlite::Error;
 
 /// Idle connections kept per database file; more than this in use at once are closed when
 /// dropped. Sized for 64 concurrent requests (`docs/04-sqlite-settings.md`).
@@ -357,7 +357,7 @@ mod tests {
     use rusqlite::OpenFlags;
 
     use super::*;
-    use crate::bindings::pool::pooler::plugins::sqlite::Value;
+    use crate::runtime::bindings::pool::pooler::plugins::sqlite::Value;
 
     #[test]
     fn a_dropped_connection_is_reused_clean_and_idle_ones_are_bounded() {

@@ -18,7 +18,7 @@ pub mod pool {
             "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
             "wasi:random": wasmtime_wasi::p2::bindings::random,
             "wasi:http": wasmtime_wasi_http::p2::bindings::http,
-            "pooler:plugins/sqlite.connection": crate::imports::sqlite::Connection,
+            "pooler:plugins/sqlite.connection": crate::runtime::imports::sqlite::Connection,
         },
     });
 }

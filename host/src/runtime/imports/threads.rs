@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
 
-use crate::bindings::retry::pooler::plugins::threads::{self, Host};
-pub use crate::bindings::retry::pooler::plugins::threads::{
+use crate::runtime::bindings::retry::pooler::plugins::threads::{self, Host};
+pub use crate::runtime::bindings::retry::pooler::plugins::threads::{
     RowMove, ThreadInfo, ThreadStatus, ThreadsError,
 };
-use crate::bindings::types::{QueuedRow, RowId, Timestamp};
+use crate::runtime::bindings::types::{QueuedRow, RowId, Timestamp};
 
 /// What answers the `threads` import (implemented by the core). Calls are short database
 /// operations, made synchronously from the plugin's call.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
 
-pub use crate::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
-use crate::bindings::retry::pooler::plugins::availability::{self, Host};
-use crate::bindings::types::Availability;
+pub use crate::runtime::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
+use crate::runtime::bindings::retry::pooler::plugins::availability::{self, Host};
+use crate::runtime::bindings::types::Availability;
 
 /// Answers availability queries (the host runtime, which calls the pool).
 pub trait AvailabilitySource: Send + Sync + 'static {

@@ -1,6 +1,6 @@
 //! The components built into the binary by `build.rs`, one per role that has a default.
 
-use crate::roles::Role;
+use crate::runtime::roles::Role;
 
 include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
 
@@ -24,7 +24,7 @@ mod tests {
     /// imports at an older 0.2; the components link a 0.2.12 description of them.)
     #[test]
     fn the_embedded_components_import_wasi_at_the_contracts_version_only() {
-        let engine = crate::engine::build(crate::engine::EngineLimits {
+        let engine = crate::runtime::engine::build(crate::runtime::engine::EngineLimits {
             max_instances: 4,
             max_memory_bytes: 64 << 20,
         })

@@ -6,6 +6,15 @@
 //! [`Host::assemble`] here, which only wires it into the stores (so this module never
 //! names the mediator's types).
 
+pub mod allocator;
+pub mod bindings;
+pub mod data_lock;
+pub mod embedded;
+pub mod engine;
+pub mod imports;
+pub mod roles;
+pub mod state;
+
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -17,22 +26,22 @@ use wasmtime::component::Linker;
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
-use crate::bindings::pool::{AccountPool, AccountPoolPre};
-use crate::bindings::retry::{ProviderRetry, ProviderRetryPre};
 use crate::config::{ComponentSource, Config};
-use crate::engine::{self, EPOCH_TICK, EngineLimits};
-use crate::imports::availability::AvailabilitySource;
-use crate::imports::clocks::ClockView;
-use crate::imports::http_out::{AllowList, OutgoingClient};
-use crate::imports::incoming_client::IncomingClientView;
-use crate::imports::listener::ChangeSink;
-use crate::imports::sqlite::SqliteView;
-use crate::imports::threads::ThreadsService;
-use crate::imports::{
+use crate::runtime::bindings::pool::{AccountPool, AccountPoolPre};
+use crate::runtime::bindings::retry::{ProviderRetry, ProviderRetryPre};
+use crate::runtime::engine::{EPOCH_TICK, EngineLimits};
+use crate::runtime::imports::availability::AvailabilitySource;
+use crate::runtime::imports::clocks::ClockView;
+use crate::runtime::imports::http_out::{AllowList, OutgoingClient};
+use crate::runtime::imports::incoming_client::IncomingClientView;
+use crate::runtime::imports::listener::ChangeSink;
+use crate::runtime::imports::sqlite::SqliteView;
+use crate::runtime::imports::threads::ThreadsService;
+use crate::runtime::imports::{
     availability, clocks, incoming_client, listener, log, metrics, sqlite, threads,
 };
-use crate::roles::{Role, Surface, check_world};
-use crate::state::{PluginMeta, PluginState, Services};
+use crate::runtime::roles::{Role, Surface, check_world};
+use crate::runtime::state::{PluginMeta, PluginState, Services};
 
 /// Instances that may be alive at once (requests in flight plus plugin calls).
 const MAX_INSTANCES: u32 = 500;
@@ -46,7 +55,7 @@ pub struct HostOptions {
     pub clock: SharedClock,
     /// What answers the `threads` import.
     pub threads: Arc<dyn ThreadsService>,
-    /// The compile cache (precompiled components, see [`crate::engine`]), which any number
+    /// The compile cache (precompiled components, see [`crate::runtime::engine`]), which any number
     /// of data directories and processes may share; `None` compiles on every start.
     pub cache_dir: Option<PathBuf>,
     /// `Some` makes a run repeat exactly: every random number a plugin draws (WASI random)
@@ -223,7 +232,7 @@ fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
     })
     .map_err(crate::wasmtime_error)?;
     linker.allow_shadowing(false);
-    crate::bindings::pool::pooler::plugins::types::add_to_linker::<
+    crate::runtime::bindings::pool::pooler::plugins::types::add_to_linker::<
         PluginState,
         wasmtime::component::HasSelf<PluginState>,
     >(&mut linker, |s| s)
@@ -247,15 +256,13 @@ fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
     Ok(linker)
 }
 
-impl crate::bindings::pool::pooler::plugins::types::Host for PluginState {}
+impl crate::runtime::bindings::pool::pooler::plugins::types::Host for PluginState {}
 
 /// The component bytes configured for `role`, and where they came from.
 fn component_bytes(config: &Config, role: Role) -> anyhow::Result<Option<(Vec<u8>, String)>> {
     match config.plugin(role).component {
-        ComponentSource::Embedded => {
-            Ok(crate::embedded::component(role)
-                .map(|bytes| (bytes.to_vec(), "embedded".to_string())))
-        }
+        ComponentSource::Embedded => Ok(crate::runtime::embedded::component(role)
+            .map(|bytes| (bytes.to_vec(), "embedded".to_string()))),
         ComponentSource::File(path) => {
             let bytes = std::fs::read(&path)
                 .with_context(|| format!("cannot read the {role} component {}", path.display()))?;
@@ -377,8 +384,11 @@ impl Host {
             Role::ProviderRetry,
             ProviderRetryPre::new,
         )?;
-        let databases = crate::imports::sqlite::ConnectionCache::new();
-        crate::imports::sqlite::ConnectionCache::spawn_checkpoints(&databases, seed.is_some());
+        let databases = crate::runtime::imports::sqlite::ConnectionCache::new();
+        crate::runtime::imports::sqlite::ConnectionCache::spawn_checkpoints(
+            &databases,
+            seed.is_some(),
+        );
         let client = OutgoingClient::new();
         let metrics: Arc<crate::metrics::Registry> = Arc::default();
         let alerts = Arc::new(crate::alerts::Alerts::new(
@@ -406,7 +416,7 @@ impl Host {
                     changes,
                     databases,
                     metrics,
-                    seeds: seed.map(|seed| Arc::new(crate::state::Seeds::new(seed))),
+                    seeds: seed.map(|seed| Arc::new(crate::runtime::state::Seeds::new(seed))),
                 },
                 pool,
                 retry,
@@ -466,7 +476,7 @@ impl Host {
         role: Role,
         key: &str,
         value: &str,
-    ) -> anyhow::Result<Option<crate::imports::http_out::Origin>> {
+    ) -> anyhow::Result<Option<crate::runtime::imports::http_out::Origin>> {
         let meta = match role {
             Role::AccountPool => self.shared.pool.as_ref().map(|p| &p.meta),
             Role::ProviderRetry => self.shared.retry.as_ref().map(|p| &p.meta),

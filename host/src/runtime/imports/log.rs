@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
 
-use crate::bindings::pool::pooler::plugins::log::{self, Host, Level};
+use crate::runtime::bindings::pool::pooler::plugins::log::{self, Host, Level};
 
 /// Longest line kept (message and fields together); the rest is cut.
 pub const MAX_LINE_BYTES: usize = 8 * 1024;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
 
-use crate::bindings::pool::pooler::plugins::availability_listener::{self, Host};
-use crate::bindings::types::{AvailabilityChange, PluginError};
+use crate::runtime::bindings::pool::pooler::plugins::availability_listener::{self, Host};
+use crate::runtime::bindings::types::{AvailabilityChange, PluginError};
 
 /// Receives the changes a finished call signalled (the host's delivery queue).
 pub trait ChangeSink: Send + Sync + 'static {
@@ -118,7 +118,7 @@ impl Host for &mut ListenerCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bindings::types::{Availability, ChangeCause, Provider};
+    use crate::runtime::bindings::types::{Availability, ChangeCause, Provider};
 
     fn change(provider: Provider, causes: &[ChangeCause], at: u64) -> AvailabilityChange {
         AvailabilityChange {
@@ -172,7 +172,7 @@ mod tests {
 
     mod properties {
         use super::super::*;
-        use crate::bindings::types::{
+        use crate::runtime::bindings::types::{
             Availability, BlockCause, Blocked, ChangeCause, Provider, UnavailableReason,
         };
         use proptest::prelude::*;

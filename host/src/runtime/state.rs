@@ -12,16 +12,16 @@ use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use crate::imports::availability::{AvailabilityCtx, AvailabilitySource};
-use crate::imports::clocks::{MonotonicClock, WallClock};
-use crate::imports::http_out::{AllowList, OutgoingClient, OutgoingPolicy};
-use crate::imports::incoming_client::IncomingClientCtx;
-use crate::imports::listener::{ChangeSink, ListenerCtx};
-use crate::imports::log::LogCtx;
-use crate::imports::metrics::MetricsCtx;
-use crate::imports::sqlite::{Budget, ConnectionCache, SqliteCtx};
-use crate::imports::threads::{ThreadsCtx, ThreadsService};
-use crate::roles::Role;
+use crate::runtime::imports::availability::{AvailabilityCtx, AvailabilitySource};
+use crate::runtime::imports::clocks::{MonotonicClock, WallClock};
+use crate::runtime::imports::http_out::{AllowList, OutgoingClient, OutgoingPolicy};
+use crate::runtime::imports::incoming_client::IncomingClientCtx;
+use crate::runtime::imports::listener::{ChangeSink, ListenerCtx};
+use crate::runtime::imports::log::LogCtx;
+use crate::runtime::imports::metrics::MetricsCtx;
+use crate::runtime::imports::sqlite::{Budget, ConnectionCache, SqliteCtx};
+use crate::runtime::imports::threads::{ThreadsCtx, ThreadsService};
+use crate::runtime::roles::Role;
 
 /// What the host knows about a loaded plugin, shared by all its stores.
 #[derive(Debug)]
@@ -148,7 +148,7 @@ impl PluginState {
                 id.clone(),
                 meta.dir.clone(),
                 services.databases.clone(),
-                Budget::new(meta.deadline, crate::engine::EPOCH_TICK),
+                Budget::new(meta.deadline, crate::runtime::engine::EPOCH_TICK),
                 meta.memory_bytes,
             ),
             log: LogCtx::new(id.clone()),

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::limits::Limit;
 
-use crate::bindings::pool::pooler::plugins::sqlite::{Error, Value};
+use crate::runtime::bindings::pool::pooler::plugins::sqlite::{Error, Value};
 
 /// Rows one query may return. The largest query of the real plugins, Provider Retry's open
 /// chains (`store::open_chains`, one row per pending retry), returns 10,000 rows in the
