@@ -86,7 +86,7 @@ pub struct AlertsConfig {
     pub webhook: Option<String>,
     /// The webhook body's shape.
     #[serde(default)]
-    pub format: crate::alerts::format::Format,
+    pub format: crate::mediation::alerts::format::Format,
     /// A program and its arguments, run once per window with `{title}`, `{body}`, `{kind}`
     /// … replaced (each argument stays one argument: no shell) and the same values in
     /// `POOLER_ALERT_*` variables.
@@ -177,10 +177,12 @@ impl AlertsConfig {
                 );
             }
             for arg in command {
-                if let Some(name) = crate::alerts::format::unknown_placeholders(arg).first() {
+                if let Some(name) =
+                    crate::mediation::alerts::format::unknown_placeholders(arg).first()
+                {
                     bail!(
                         "alerts.command has an unknown placeholder `{{{name}}}` (known: {})",
-                        crate::alerts::format::PLACEHOLDERS
+                        crate::mediation::alerts::format::PLACEHOLDERS
                             .map(|p| format!("{{{p}}}"))
                             .join(", ")
                     );
@@ -770,7 +772,10 @@ mod tests {
         )
         .unwrap();
         assert!(config.alerts.delivers());
-        assert_eq!(config.alerts.format, crate::alerts::format::Format::Slack);
+        assert_eq!(
+            config.alerts.format,
+            crate::mediation::alerts::format::Format::Slack
+        );
         let shown = config.alerts.webhook_shown().unwrap();
         assert!(!shown.contains("SECRETPART"), "{shown}");
         assert_eq!(

@@ -39,14 +39,11 @@
 //! ```
 
 pub mod admin;
-pub mod alerts;
 pub mod cli;
 pub mod components;
 pub mod config;
-pub mod core_link;
 pub mod logging;
-mod maintenance;
-pub mod mediator;
+pub mod mediation;
 pub mod metrics;
 pub mod overview;
 pub mod runtime;

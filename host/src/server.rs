@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::admin::{Admin, METRICS_PATH};
-use crate::core_link::CoreLink;
+use crate::mediation::core_link::CoreLink;
 use crate::runtime::Host;
 use crate::runtime::imports::http_in::error_response;
 use crate::runtime::roles::Role;

@@ -20,7 +20,7 @@ use pooler_core::{AgentSpec, Provider};
 use pooler_fake_provider::contract::Contract;
 use pooler_fake_provider::server::FakeUpstream;
 use pooler_host::config::Config;
-use pooler_host::core_link::{CoreLink, CoreOptions};
+use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
 use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountStatus, Credential, ExtraUsage, NewAccount, OauthCredential, OptionsChange,
 };

@@ -78,10 +78,10 @@ pub async fn serve_like_pooler(
 ) -> anyhow::Result<(
     String,
     Host,
-    Arc<pooler_host::core_link::CoreLink>,
+    Arc<pooler_host::mediation::core_link::CoreLink>,
     tokio::sync::oneshot::Sender<()>,
 )> {
-    use pooler_host::core_link::{CoreLink, CoreOptions};
+    use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
     let config = Config::parse(
         "[plugins.account-pool]\ncomponent = \"embedded\"\nallowed-hosts = [\"127.0.0.1\"]\n",
     )?;
@@ -159,7 +159,7 @@ pub async fn configure_pool(host: &Host, url: &str, upstream: &str) -> anyhow::R
 /// until the pool answered a first request (a route token it does not know: 401 from the
 /// pool itself).
 pub async fn start_once(data: &Path, cache: &Path) -> anyhow::Result<Duration> {
-    use pooler_host::core_link::{CoreLink, CoreOptions};
+    use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
     let config = Config::parse("[maintenance]\ninterval-s = 0\n")?;
     let started = Instant::now();
     let clock: pooler_core::clock::SharedClock = Arc::new(SystemClock::new());

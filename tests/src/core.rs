@@ -28,7 +28,7 @@ use std::time::Duration;
 use pooler_core::clock::{Clock, ManualClock};
 use pooler_core::{Core, Provider, QueuedRow, ThreadShow, TurnRecord};
 use pooler_host::config::Config;
-use pooler_host::core_link::{CoreLink, CoreOptions};
+use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
 use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, Credential, NewAccount,
 };

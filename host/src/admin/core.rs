@@ -1,6 +1,6 @@
 //! `/_pooler/threads…`: the core's threads, their turns and retry rows, for `pooler thread …`
 //! and `pooler retry send-now|opt-out`. Answered by the host's core
-//! ([`crate::core_link::CoreLink`], wired in by `Server::with_core`); 503 when the server
+//! ([`crate::mediation::core_link::CoreLink`], wired in by `Server::with_core`); 503 when the server
 //! runs without one.
 //!
 //! | method and path                   | body                        | answer |
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::core_link::{CoreLink, LinkError};
+use crate::mediation::core_link::{CoreLink, LinkError};
 use crate::wire::ProviderName;
 use pooler_core::{Agent, AgentSpec, CoreError, Provider};
 

@@ -36,7 +36,7 @@ use serde_json::{Map, Value};
 use wasmtime::Store;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::core_link::CoreLink;
+use crate::mediation::core_link::CoreLink;
 use crate::runtime::bindings::pool::AccountPool;
 use crate::runtime::bindings::retry::ProviderRetry;
 use crate::runtime::bindings::types::Provider;

@@ -13,7 +13,7 @@ use anyhow::Context;
 
 use super::client::ServerFile;
 use crate::config::Config;
-use crate::core_link::{CoreLink, CoreOptions};
+use crate::mediation::core_link::{CoreLink, CoreOptions};
 use crate::runtime::data_lock::DataDirLock;
 use crate::runtime::{Host, HostOptions};
 use crate::server::Server;

@@ -2,7 +2,7 @@
 //! world, pre-instantiates it once, and runs every plugin call and HTTP request in a fresh
 //! `Store` with a deadline and a memory cap; calls into Provider Retry are made one at a
 //! time. What passes between plugins (availability queries and changes) is
-//! [`crate::mediator`]'s: its `Host::new` builds the mediation and hands it to
+//! [`crate::mediation::mediator`]'s: its `Host::new` builds the mediation and hands it to
 //! [`Host::assemble`] here, which only wires it into the stores (so this module never
 //! names the mediator's types).
 
@@ -181,7 +181,7 @@ pub(crate) struct Shared {
     /// The routes whose answers the listener records (agent turns running).
     pub(crate) taps: Arc<crate::tap::Taps>,
     /// Alerts to a person (`[alerts]`).
-    pub(crate) alerts: Arc<crate::alerts::Alerts>,
+    pub(crate) alerts: Arc<crate::mediation::alerts::Alerts>,
     /// Stops the alerts' delivery task when the host goes.
     pub(crate) alerts_stop: tokio::sync::watch::Sender<bool>,
 }
@@ -340,7 +340,7 @@ fn load<P>(
 
 impl Host {
     /// Load every configured role, start the epoch ticker, and wire the stores to the
-    /// mediation `wire` builds (`Host::new` in [`crate::mediator`] is the one caller).
+    /// mediation `wire` builds (`Host::new` in [`crate::mediation::mediator`] is the one caller).
     pub(crate) fn assemble(
         options: HostOptions,
         wire: impl FnOnce(&Weak<Shared>) -> Wiring,
@@ -391,7 +391,7 @@ impl Host {
         );
         let client = OutgoingClient::new();
         let metrics: Arc<crate::metrics::Registry> = Arc::default();
-        let alerts = Arc::new(crate::alerts::Alerts::new(
+        let alerts = Arc::new(crate::mediation::alerts::Alerts::new(
             config.alerts.clone(),
             clock.clone(),
             metrics.clone(),

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use pooler_host::alerts::model::AlertKind;
+use pooler_host::mediation::alerts::model::AlertKind;
 use pooler_tests::pool::{Pool, PoolSetup, SOON, api_key};
 use pooler_tests::provider::claude;
 use pooler_tests::upstream::{FakeUpstream, Gate, Received, Reply};

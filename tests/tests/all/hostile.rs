@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
 use pooler_core::ThreadStatus;
-use pooler_host::core_link::{FOREIGN_ROW_RULE, MAX_SEND_AT};
+use pooler_host::mediation::core_link::{FOREIGN_ROW_RULE, MAX_SEND_AT};
 use pooler_host::runtime::roles::Role;
 use pooler_tests::client::TestClient;
 use pooler_tests::core::{CoreHost, CoreSetup, failure, success};

@@ -727,7 +727,7 @@ async fn pr_17_a_failed_delivery_is_redelivered_and_scheduled_once() {
     // The core keeps the event, its failed deliveries counted.
     let pending = h
         .core()
-        .pending_events(pooler_host::core_link::SUBSCRIBER, 10)
+        .pending_events(pooler_host::mediation::core_link::SUBSCRIBER, 10)
         .unwrap();
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert!(pending[0].failed_deliveries >= 1, "{pending:?}");
@@ -759,7 +759,7 @@ async fn pr_17_a_failed_delivery_is_redelivered_and_scheduled_once() {
     assert_eq!((row.attempt, &row.original_request), (2, &first));
     assert!(
         h.core()
-            .pending_events(pooler_host::core_link::SUBSCRIBER, 10)
+            .pending_events(pooler_host::mediation::core_link::SUBSCRIBER, 10)
             .unwrap()
             .is_empty()
     );

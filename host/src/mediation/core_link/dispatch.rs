@@ -229,7 +229,7 @@ mod tests {
     //! What the host makes of the times and texts Provider Retry returns, for any value.
 
     use super::*;
-    use crate::core_link::convert::{FAR_PAST_MS, MAX_SEND_AT, bound_send_at};
+    use crate::mediation::core_link::convert::{FAR_PAST_MS, MAX_SEND_AT, bound_send_at};
     use proptest::prelude::*;
 
     #[test]

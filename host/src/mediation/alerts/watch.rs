@@ -222,7 +222,7 @@ impl Host {
 
     /// Threads whose failed turn Provider Retry no longer works on while the thread is still
     /// in error on it.
-    async fn check_threads(&self, now: u64) -> Vec<crate::alerts::model::Alert> {
+    async fn check_threads(&self, now: u64) -> Vec<crate::mediation::alerts::model::Alert> {
         let status = self
             .call_retry("retry-admin.status", |store, retry| {
                 Box::pin(async move {
