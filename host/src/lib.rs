@@ -38,19 +38,11 @@
 //! # Ok(()) }
 //! ```
 
-pub mod admin;
 pub mod cli;
-pub mod components;
 pub mod config;
-pub mod logging;
 pub mod mediation;
-pub mod metrics;
-pub mod overview;
+pub mod operate;
 pub mod runtime;
-pub mod server;
-pub mod tap;
-pub mod timeline;
-pub mod wire;
 
 /// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48
 /// has its own error type; its `anyhow` conversion feature is not enabled here).

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 use pooler_core::clock::SystemClock;
 use pooler_host::config::Config;
+use pooler_host::operate::server::Server;
 use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     Credential, NewAccount,
 };
 use pooler_host::runtime::bindings::types::Provider;
 use pooler_host::runtime::imports::threads::NoCore;
 use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
 
 use crate::client::TestClient;
 use crate::fixtures;

@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
+use pooler_host::operate::wire::{SessionView, TokenTotalView};
 use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountsError, Credential, NewAccount, OauthCredential, OptionsChange,
 };
@@ -32,7 +33,6 @@ use pooler_host::runtime::bindings::pool::exports::pooler::plugins::settings::{
 use pooler_host::runtime::bindings::pool::exports::pooler::plugins::tokens::TokenGrouping;
 use pooler_host::runtime::bindings::types::{Availability, Provider};
 use pooler_host::runtime::roles::Role;
-use pooler_host::wire::{SessionView, TokenTotalView};
 
 use crate::client::{Answer, TestClient};
 use crate::harness::{Setup, TestHost};

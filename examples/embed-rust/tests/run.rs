@@ -70,7 +70,7 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
 fn the_exported_pool_loads_in_the_example_host_and_the_exported_wit_is_the_builds() {
     let dir = tempfile::tempdir().unwrap();
     let export = dir.path().join("export");
-    pooler_host::components::export(&export, false).unwrap();
+    pooler_host::operate::components::export(&export, false).unwrap();
 
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../wit");
     let exported = export.join("wit");

@@ -113,10 +113,10 @@ pub fn main() -> ExitCode {
     // `serve` logs at info; a client command only says what went wrong.
     let (format, level, default_filter) = match &cli.command {
         Command::Serve(args) => (args.log_format, args.log_level.as_deref(), "info"),
-        _ => (crate::logging::LogFormat::Text, None, "warn"),
+        _ => (crate::operate::logging::LogFormat::Text, None, "warn"),
     };
-    match crate::logging::filter(level, default_filter) {
-        Ok(filter) => crate::logging::init(format, filter),
+    match crate::operate::logging::filter(level, default_filter) {
+        Ok(filter) => crate::operate::logging::init(format, filter),
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);

@@ -179,7 +179,7 @@ pub(crate) struct Shared {
     pub(crate) retry: Option<Loaded<ProviderRetryPre<PluginState>>>,
     pub(crate) mediation: Arc<dyn Mediation>,
     /// The routes whose answers the listener records (agent turns running).
-    pub(crate) taps: Arc<crate::tap::Taps>,
+    pub(crate) taps: Arc<crate::operate::tap::Taps>,
     /// Alerts to a person (`[alerts]`).
     pub(crate) alerts: Arc<crate::mediation::alerts::Alerts>,
     /// Stops the alerts' delivery task when the host goes.
@@ -390,7 +390,7 @@ impl Host {
             seed.is_some(),
         );
         let client = OutgoingClient::new();
-        let metrics: Arc<crate::metrics::Registry> = Arc::default();
+        let metrics: Arc<crate::operate::metrics::Registry> = Arc::default();
         let alerts = Arc::new(crate::mediation::alerts::Alerts::new(
             config.alerts.clone(),
             clock.clone(),
@@ -431,11 +431,11 @@ impl Host {
 
     /// The routes whose answers the listener records while agent turns run.
     /// The host's metrics: what `GET /metrics` serves, added to by the host and the plugins.
-    pub fn metrics(&self) -> &Arc<crate::metrics::Registry> {
+    pub fn metrics(&self) -> &Arc<crate::operate::metrics::Registry> {
         &self.shared.services.metrics
     }
 
-    pub fn taps(&self) -> &Arc<crate::tap::Taps> {
+    pub fn taps(&self) -> &Arc<crate::operate::tap::Taps> {
         &self.shared.taps
     }
 

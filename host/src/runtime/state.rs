@@ -54,7 +54,7 @@ pub struct Services {
     /// Plugin database connections between instances.
     pub databases: Arc<ConnectionCache>,
     /// The metrics registry (`metrics` import, `GET /metrics`).
-    pub metrics: Arc<crate::metrics::Registry>,
+    pub metrics: Arc<crate::operate::metrics::Registry>,
     /// Seeds for the stores' random generators, in a repeatable run
     /// ([`crate::runtime::HostOptions::seed`]); `None`: the operating system's.
     pub seeds: Option<Arc<Seeds>>,

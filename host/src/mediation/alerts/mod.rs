@@ -36,7 +36,7 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Alerts {
     config: AlertsConfig,
     clock: SharedClock,
-    metrics: Arc<crate::metrics::Registry>,
+    metrics: Arc<crate::operate::metrics::Registry>,
     client: OutgoingClient,
     allow: AllowList,
     pub(crate) episodes: Mutex<Episodes>,
@@ -69,7 +69,7 @@ impl Alerts {
     pub fn new(
         config: AlertsConfig,
         clock: SharedClock,
-        metrics: Arc<crate::metrics::Registry>,
+        metrics: Arc<crate::operate::metrics::Registry>,
         client: OutgoingClient,
     ) -> Self {
         let allow = AllowList::new(&config.allowed_hosts());

@@ -8,7 +8,7 @@
 //!   own listener with the thread's route token, i.e. through the pool exactly as an agent's
 //!   request would go; each turn of a `claude-code` or `codex` thread runs that agent CLI
 //!   with the route in its environment ([`pooler_core::agent`]), while the listener records
-//!   its answers on the route ([`crate::tap`]) for the failure description; a cancel or an
+//!   its answers on the route ([`crate::operate::tap`]) for the failure description; a cancel or an
 //!   archive stops a running turn;
 //! - the outbox delivery to the provider-retry role (`turn-events`);
 //! - the due loop (concurrency gate, then `scheduler.before-dispatch`) and `on-start` /
@@ -253,7 +253,7 @@ impl CoreLink {
     /// The host's listener is at `addr`: turns are sent there and routes opened for it. An
     /// unspecified address (`0.0.0.0`) is reached through loopback.
     pub fn set_listener(&self, addr: SocketAddr) {
-        let endpoint = crate::wire::endpoint_url(addr);
+        let endpoint = crate::operate::wire::endpoint_url(addr);
         tracing::info!(%endpoint, "core sends turns through the host's listener");
         *self
             .inner

@@ -1,7 +1,7 @@
 //! The `incoming-client` import: whether the client of the HTTP request an instance is
 //! handling is still there. wasi:http 0.2 gives a handler no way to learn that its client
 //! left before it set the response head, so the host says so here: the server
-//! ([`crate::server`]) holds a [`ClientGone`] for each request it hands to the pool and
+//! ([`crate::operate::server`]) holds a [`ClientGone`] for each request it hands to the pool and
 //! raises it when the request lets go of the guest's call unfinished (the connection
 //! closed); the request's store watches it through an [`IncomingClientCtx`]. Stores of
 //! every other call watch nothing: their pollables never become ready, `gone` is false.

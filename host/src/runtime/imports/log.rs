@@ -1,7 +1,7 @@
 //! The `log` import: a plugin's log lines go to the host's `tracing` output, each tagged with
 //! the calling plugin's id (`plugin` field, target `pooler::plugin`). Its fields are given
 //! twice: `fields`, as `name=value` text, and `fields_json`, as one JSON object, so each log
-//! format ([`crate::logging`]) shows them as fields of their own.
+//! format ([`crate::operate::logging`]) shows them as fields of their own.
 
 use std::sync::Arc;
 
@@ -111,7 +111,7 @@ fn truncate(text: &mut String, max: usize) {
 }
 
 /// The fields as one JSON object (the JSON log format spreads it into the line, see
-/// [`crate::logging`]); `None` when it would pass `max` bytes (the text form, cut, stays).
+/// [`crate::operate::logging`]); `None` when it would pass `max` bytes (the text form, cut, stays).
 fn fields_json(fields: &[(String, String)], max: usize) -> Option<String> {
     let object: serde_json::Map<String, serde_json::Value> = fields
         .iter()

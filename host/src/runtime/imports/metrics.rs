@@ -1,5 +1,5 @@
 //! The `metrics` import: a plugin's counters and histograms go to the host's
-//! [`Registry`](crate::metrics::Registry), served at `GET /metrics`. A call that breaks the
+//! [`Registry`](crate::operate::metrics::Registry), served at `GET /metrics`. A call that breaks the
 //! interface's rules is dropped, and logged once per name as a warning naming the plugin;
 //! the guest never sees an error.
 
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
 
-use crate::metrics::{Refused, Registry};
+use crate::operate::metrics::{Refused, Registry};
 use crate::runtime::bindings::pool::pooler::plugins::metrics::{self, Host};
 
 /// Per-instance state: who is reporting, and where to.

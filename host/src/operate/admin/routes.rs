@@ -14,7 +14,7 @@
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{Route, RouteSummary, RoutingError};
 use crate::runtime::bindings::types::Provider;
-use crate::wire::{EnvVar, ProviderName, RouteSummaryView, RouteView};
+use crate::operate::wire::{EnvVar, ProviderName, RouteSummaryView, RouteView};
 
 impl From<RouteSummary> for RouteSummaryView {
     fn from(r: RouteSummary) -> Self {

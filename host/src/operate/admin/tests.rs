@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use super::*;
 use crate::config::Config;
+use crate::operate::wire::percent_encode;
 use crate::runtime::HostOptions;
 use crate::runtime::imports::threads::NoCore;
-use crate::wire::percent_encode;
 
 pub(super) const TOKEN: &str = "0123456789abcdef";
 

@@ -5,8 +5,8 @@
 use serde_json::{Map, Value};
 
 use super::ApiError;
+use crate::operate::wire::ProviderName;
 use crate::runtime::bindings::types::Provider;
-use crate::wire::ProviderName;
 
 /// A JSON request body, read one named field at a time. Each accessor removes its field;
 /// [`Fields::finish`] refuses the fields nobody asked for, by name. Messages name the field

@@ -1,4 +1,4 @@
-//! `GET /metrics`: the host's metrics ([`crate::metrics::Registry`]) in the Prometheus text
+//! `GET /metrics`: the host's metrics ([`crate::operate::metrics::Registry`]) in the Prometheus text
 //! format, for a scraper holding the admin token (`Authorization: Bearer <token>`; 401
 //! otherwise, 405 for another method). Served on the pool's listener, intercepted by the
 //! server before the proxy. Besides the registry's counters and histograms it has one gauge
@@ -13,8 +13,8 @@ use hyper::{Request, Response, StatusCode};
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use super::{Admin, ApiError, constant_time_eq, json_response};
-use crate::metrics::Gauge;
-use crate::wire::{AccountView, ProviderName};
+use crate::operate::metrics::Gauge;
+use crate::operate::wire::{AccountView, ProviderName};
 
 /// Where the metrics are served.
 pub const METRICS_PATH: &str = "/metrics";

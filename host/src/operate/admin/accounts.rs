@@ -30,7 +30,7 @@ use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountOptions, AccountStatus, AccountsError, Credential, CredentialKind,
     ExtraUsage, NewAccount, OauthCredential, OptionsChange, UsageWindow,
 };
-use crate::wire::{AccountView, ProviderName, WindowView};
+use crate::operate::wire::{AccountView, ProviderName, WindowView};
 
 impl From<AccountInfo> for AccountView {
     fn from(a: AccountInfo) -> Self {

@@ -1,9 +1,9 @@
 //! The HTTP listener: accepts connections, refuses what the host answers for itself — with
 //! `x-pooler-origin: pool` — (a head or body too large, a body that stalls, no pool
 //! loaded), counts requests in flight and records an agent turn's answers
-//! ([`crate::tap`]), and hands every other request to the pool
-//! ([`crate::runtime::imports::http_in`]). Paths under `/_pooler/` go to the admin
-//! API ([`crate::admin`]), authenticated by the token the server writes to
+//! ([`crate::operate::tap`]), and hands every other request to the pool
+//! ([`crate::operate::http_in`]). Paths under `/_pooler/` go to the admin
+//! API ([`crate::operate::admin`]), authenticated by the token the server writes to
 //! `DATA_DIR/admin-token` (0600) at start; `/metrics` to the metrics scrape (same token).
 //! Every request is counted in `pooler_http_requests_total{kind,status}`.
 
@@ -28,12 +28,12 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::admin::{Admin, METRICS_PATH};
 use crate::mediation::core_link::CoreLink;
+use crate::operate::admin::{Admin, METRICS_PATH};
+use crate::operate::http_in::error_response;
+use crate::operate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
 use crate::runtime::Host;
-use crate::runtime::imports::http_in::error_response;
 use crate::runtime::roles::Role;
-use crate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
 
 /// A bound listener, ready to serve.
 pub struct Server {
@@ -203,7 +203,7 @@ async fn handle(
         "proxy"
     };
     let response = match kind {
-        "metrics" | "admin" if !local_peer => crate::admin::loopback_only(),
+        "metrics" | "admin" if !local_peer => crate::operate::admin::loopback_only(),
         "metrics" => admin.metrics(&req).await,
         "admin" => admin.handle(req).await,
         _ => proxy(host, req).await,

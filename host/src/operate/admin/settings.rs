@@ -16,7 +16,7 @@ use crate::runtime::bindings::pool::exports::pooler::plugins::settings as pool_s
 use crate::runtime::bindings::retry::exports::pooler::plugins::settings as retry_settings;
 use crate::runtime::imports::http_out::{AllowList, Origin};
 use crate::runtime::roles::Role;
-use crate::wire::SettingView;
+use crate::operate::wire::SettingView;
 
 /// The key prefix of each role's settings.
 const PREFIXES: [(&str, Role); 2] = [("pool.", Role::AccountPool), ("retry.", Role::ProviderRetry)];

@@ -1,8 +1,9 @@
-//! The incoming-HTTP path, beside [`super::http_out`]: each request to the pool is handed to
-//! a fresh instance of the plugin in the account-pool role (`wasi:http/incoming-handler`)
-//! and its response streamed back as the guest writes it, the guest running in the
-//! request's own task. The host answers for itself (`x-pooler-origin: pool`) when no pool is
-//! loaded or the guest fails before responding. The listener is [`crate::server`].
+//! The incoming-HTTP path (the outgoing one is [`crate::runtime::imports::http_out`]): each
+//! request to the pool is handed to a fresh instance of the plugin in the account-pool role
+//! (`wasi:http/incoming-handler`) and its response streamed back as the guest writes it, the
+//! guest running in the request's own task. The host answers for itself
+//! (`x-pooler-origin: pool`) when no pool is loaded or the guest fails before responding.
+//! The listener is [`crate::operate::server`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,10 +18,10 @@ use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
+use crate::operate::wire::ORIGIN_HEADER;
 use crate::runtime::imports::incoming_client::ClientGone;
 use crate::runtime::roles::Role;
 use crate::runtime::{CallError, Host};
-use crate::wire::ORIGIN_HEADER;
 
 /// A response the host produced.
 fn host_response(

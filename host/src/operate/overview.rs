@@ -29,7 +29,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{AccountTokensView, AccountView, AvailabilityView, CandidateView, ProviderName};
+use crate::operate::wire::{
+    AccountTokensView, AccountView, AvailabilityView, CandidateView, ProviderName,
+};
 
 /// The snapshot; see the module docs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

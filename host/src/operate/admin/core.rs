@@ -29,7 +29,7 @@ use serde_json::Value;
 
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::mediation::core_link::{CoreLink, LinkError};
-use crate::wire::ProviderName;
+use crate::operate::wire::ProviderName;
 use pooler_core::{Agent, AgentSpec, CoreError, Provider};
 
 /// The core's records serialise their fields in WIT spelling (`retry-opt-out`); the admin

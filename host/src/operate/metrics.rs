@@ -1,7 +1,7 @@
 //! The host's metrics registry: counters and histograms kept in memory for the host's life,
 //! added to by the host itself and by plugins through the `metrics` import
 //! ([`crate::runtime::imports::metrics`]), and written in the Prometheus text exposition format
-//! (version 0.0.4) at `GET /metrics` ([`crate::server`]). Gauges are not stored: the host
+//! (version 0.0.4) at `GET /metrics` ([`crate::operate::server`]). Gauges are not stored: the host
 //! computes them at scrape time (accounts by status) and hands them to [`Registry::render`].
 //!
 //! The rules every series keeps (the WIT `metrics` interface states them to plugins): names

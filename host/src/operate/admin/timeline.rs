@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{QuotaEntry, QuotaEvent};
-use crate::timeline::waiting_periods;
-use crate::wire::{AccountView, ProviderName};
+use crate::operate::timeline::waiting_periods;
+use crate::operate::wire::{AccountView, ProviderName};
 
 /// The default span: a week's chart.
 pub const DEFAULT_SPAN_MS: u64 = 7 * 24 * 3_600_000;

@@ -44,7 +44,7 @@ use hyper::{Response, StatusCode};
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use super::{Admin, AdminRequest, ApiError, Reply, constant_time_eq};
-use crate::wire::ADMIN_PREFIX;
+use crate::operate::wire::ADMIN_PREFIX;
 
 /// How long a login code may be used, after it was minted.
 pub const CODE_TTL_MS: u64 = 5 * 60 * 1000;

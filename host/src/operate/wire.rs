@@ -1,4 +1,4 @@
-//! The admin API on the wire: what the server ([`crate::admin`]) and its client, the
+//! The admin API on the wire: what the server ([`crate::operate::admin`]) and its client, the
 //! `pooler` command line ([`crate::cli`]), both speak — the path prefix, the token file, the
 //! origin header, path-segment percent-encoding and every JSON view. The server converts
 //! plugin records into these views; the CLI reads them. Neither end owns them, so the CLI

@@ -37,12 +37,12 @@ use wasmtime::Store;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::mediation::core_link::CoreLink;
+use crate::operate::wire::{ADMIN_PREFIX, ORIGIN_HEADER, ProviderName, endpoint_url};
 use crate::runtime::bindings::pool::AccountPool;
 use crate::runtime::bindings::retry::ProviderRetry;
 use crate::runtime::bindings::types::Provider;
 use crate::runtime::state::PluginState;
 use crate::runtime::{CallError, CallFuture, Host};
-use crate::wire::{ADMIN_PREFIX, ORIGIN_HEADER, ProviderName, endpoint_url};
 
 /// The largest admin request body accepted (a login file is a few KB).
 pub const MAX_BODY_BYTES: usize = 1 << 20;

@@ -14,7 +14,7 @@ use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{
     AttemptOutcome, AttemptRecord, SessionExplanation, SessionSummary,
 };
 use crate::runtime::bindings::types::Provider;
-use crate::wire::{AttemptView, SessionSummaryView, SessionView};
+use crate::operate::wire::{AttemptView, SessionSummaryView, SessionView};
 
 impl From<SessionSummary> for SessionSummaryView {
     fn from(s: SessionSummary) -> Self {
