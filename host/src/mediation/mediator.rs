@@ -5,6 +5,7 @@
 //! order), and one task delivers them to every listening plugin — after the signalling call
 //! has returned, one call at a time, and at least once: a listener that traps or times out
 //! gets the change again (at once, then with a growing pause while it keeps failing).
+//! [`Host::new`] and [`Host`]'s availability queries delegate here.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -86,164 +87,153 @@ impl AvailabilitySource for Mediator {
     }
 }
 
-impl Host {
-    /// Answer an availability query from `caller` through a fresh instance of the pool.
-    pub async fn query_availability(&self, caller: &str, query: AvailabilityQuery) -> Availability {
-        let query = pool_query(query);
-        let mut answers = self
-            .ask_pool(caller, "availability.query", 1, move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_availability()
-                        .call_query(store, &query)
-                        .await
-                        .map(|answer| vec![answer])
-                })
+/// [`Host::query_availability`]: one query from `caller`, through a fresh instance of the pool.
+pub(crate) async fn query(host: &Host, caller: &str, query: AvailabilityQuery) -> Availability {
+    let query = pool_query(query);
+    let mut answers = ask_pool(host, caller, "availability.query", 1, move |store, pool| {
+        Box::pin(async move {
+            pool.pooler_plugins_availability()
+                .call_query(store, &query)
+                .await
+                .map(|answer| vec![answer])
+        })
+    })
+    .await;
+    answers.pop().unwrap_or(SOURCE_UNAVAILABLE)
+}
+
+/// [`Host::query_availability_many`]: several queries from `caller`, with one call into a
+/// fresh instance of the pool (`availability.query-many`): one answer per query, in order.
+pub(crate) async fn query_many(
+    host: &Host,
+    caller: &str,
+    queries: Vec<AvailabilityQuery>,
+) -> Vec<Availability> {
+    if queries.is_empty() {
+        return Vec::new();
+    }
+    let count = queries.len();
+    let queries: Vec<_> = queries.into_iter().map(pool_query).collect();
+    ask_pool(
+        host,
+        caller,
+        "availability.query-many",
+        count,
+        move |store, pool| {
+            Box::pin(async move {
+                pool.pooler_plugins_availability()
+                    .call_query_many(store, &queries)
+                    .await
             })
-            .await;
-        answers.pop().unwrap_or(SOURCE_UNAVAILABLE)
-    }
+        },
+    )
+    .await
+}
 
-    /// Answer several availability queries from `caller` with one call into a fresh
-    /// instance of the pool (`availability.query-many`): one answer per query, in order.
-    pub async fn query_availability_many(
-        &self,
-        caller: &str,
-        queries: Vec<AvailabilityQuery>,
-    ) -> Vec<Availability> {
-        if queries.is_empty() {
-            return Vec::new();
-        }
-        let count = queries.len();
-        let queries: Vec<_> = queries.into_iter().map(pool_query).collect();
-        self.ask_pool(
-            caller,
-            "availability.query-many",
-            count,
-            move |store, pool| {
-                Box::pin(async move {
-                    pool.pooler_plugins_availability()
-                        .call_query_many(store, &queries)
-                        .await
-                })
-            },
-        )
-        .await
+/// The contract of both availability calls: `not-routed` without a pool;
+/// `source-unavailable` for every query when the pool traps, takes over 5 s, answers
+/// the wrong number of answers, or is the caller itself.
+async fn ask_pool(
+    host: &Host,
+    caller: &str,
+    name: &str,
+    count: usize,
+    call: impl for<'a> FnOnce(
+        &'a mut Store<PluginState>,
+        &'a AccountPool,
+    ) -> CallFuture<'a, Vec<Availability>>
+    + Send,
+) -> Vec<Availability> {
+    if host.shared.pool.is_none() {
+        return vec![Availability::NotRouted; count];
     }
-
-    /// The contract of both availability calls: `not-routed` without a pool;
-    /// `source-unavailable` for every query when the pool traps, takes over 5 s, answers
-    /// the wrong number of answers, or is the caller itself.
-    async fn ask_pool(
-        &self,
-        caller: &str,
-        name: &str,
-        count: usize,
-        call: impl for<'a> FnOnce(
-            &'a mut Store<PluginState>,
-            &'a AccountPool,
-        ) -> CallFuture<'a, Vec<Availability>>
-        + Send,
-    ) -> Vec<Availability> {
-        if self.shared.pool.is_none() {
-            return vec![Availability::NotRouted; count];
-        }
-        if caller == Role::AccountPool.name() {
-            // The pool asking itself would be a call into a plugin from inside its own call.
+    if caller == Role::AccountPool.name() {
+        // The pool asking itself would be a call into a plugin from inside its own call.
+        tracing::warn!(
+            plugin = caller,
+            "refused an availability query of the pool by itself"
+        );
+        return vec![SOURCE_UNAVAILABLE; count];
+    }
+    match tokio::time::timeout(AVAILABILITY_TIMEOUT, host.call_pool(name, call)).await {
+        Ok(Ok(answers)) if answers.len() == count => answers,
+        Ok(Ok(answers)) => {
             tracing::warn!(
-                plugin = caller,
-                "refused an availability query of the pool by itself"
+                caller,
+                asked = count,
+                answered = answers.len(),
+                "availability source answered the wrong number of queries"
             );
-            return vec![SOURCE_UNAVAILABLE; count];
+            vec![SOURCE_UNAVAILABLE; count]
         }
-        match tokio::time::timeout(AVAILABILITY_TIMEOUT, self.call_pool(name, call)).await {
-            Ok(Ok(answers)) if answers.len() == count => answers,
-            Ok(Ok(answers)) => {
-                tracing::warn!(
-                    caller,
-                    asked = count,
-                    answered = answers.len(),
-                    "availability source answered the wrong number of queries"
-                );
-                vec![SOURCE_UNAVAILABLE; count]
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(caller, error = %e, "availability source failed");
-                vec![SOURCE_UNAVAILABLE; count]
-            }
-            Err(_) => {
-                tracing::warn!(caller, "availability source did not answer within 5 s");
-                vec![SOURCE_UNAVAILABLE; count]
-            }
+        Ok(Err(e)) => {
+            tracing::warn!(caller, error = %e, "availability source failed");
+            vec![SOURCE_UNAVAILABLE; count]
+        }
+        Err(_) => {
+            tracing::warn!(caller, "availability source did not answer within 5 s");
+            vec![SOURCE_UNAVAILABLE; count]
         }
     }
+}
 
-    /// Deliver one availability change to every listening plugin; the first failure stops
-    /// the round (the whole change is delivered again later).
-    pub(crate) async fn deliver_change(
-        &self,
-        change: &AvailabilityChange,
-    ) -> Result<(), CallError> {
-        for role in Role::ALL.into_iter().filter(|role| role.is_listener()) {
-            match role {
-                Role::ProviderRetry if self.shared.retry.is_some() => {
-                    const CALL: &str = "availability-listener.availability-changed";
-                    let change = change.clone();
-                    let answer = self
-                        .call_retry(CALL, move |store, retry| {
-                            Box::pin(async move {
-                                retry
-                                    .pooler_plugins_availability_listener()
-                                    .call_availability_changed(store, &change)
-                                    .await
-                            })
+/// Deliver one availability change to every listening plugin; the first failure stops
+/// the round (the whole change is delivered again later).
+async fn deliver_change(host: &Host, change: &AvailabilityChange) -> Result<(), CallError> {
+    for role in Role::ALL.into_iter().filter(|role| role.is_listener()) {
+        match role {
+            Role::ProviderRetry if host.shared.retry.is_some() => {
+                const CALL: &str = "availability-listener.availability-changed";
+                let change = change.clone();
+                let answer = host
+                    .call_retry(CALL, move |store, retry| {
+                        Box::pin(async move {
+                            retry
+                                .pooler_plugins_availability_listener()
+                                .call_availability_changed(store, &change)
+                                .await
                         })
-                        .await?;
-                    match answer {
-                        Ok(()) => {}
-                        // The plugin says this change can never be handled: redelivering it
-                        // would loop, so it is logged and dropped.
-                        Err(PluginError::InvalidInput(reason)) => {
-                            tracing::warn!(plugin = role.name(), call = CALL, %reason, "listener refused an availability change");
-                        }
-                        Err(PluginError::Storage(reason) | PluginError::Dependency(reason)) => {
-                            return Err(CallError::Transient {
-                                plugin: role.name().to_owned(),
-                                call: CALL.to_owned(),
-                                reason,
-                            });
-                        }
+                    })
+                    .await?;
+                match answer {
+                    Ok(()) => {}
+                    // The plugin says this change can never be handled: redelivering it
+                    // would loop, so it is logged and dropped.
+                    Err(PluginError::InvalidInput(reason)) => {
+                        tracing::warn!(plugin = role.name(), call = CALL, %reason, "listener refused an availability change");
+                    }
+                    Err(PluginError::Storage(reason) | PluginError::Dependency(reason)) => {
+                        return Err(CallError::Transient {
+                            plugin: role.name().to_owned(),
+                            call: CALL.to_owned(),
+                            reason,
+                        });
                     }
                 }
-                _ => {}
             }
+            _ => {}
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    /// Resolves when every availability change signalled so far has been delivered (or
-    /// there is no listener to deliver it to).
-    pub async fn availability_changes_settled(&self) {
-        self.shared.mediation.settled().await;
-    }
-
-    /// Load every configured role and start the host's background work (the epoch ticker,
-    /// the availability-change delivery). Must be called inside a tokio runtime.
-    pub fn new(options: HostOptions) -> anyhow::Result<Host> {
-        let queue = Arc::new(ChangeQueue::new());
-        let host = Host::assemble(options, |weak| Wiring {
-            availability: Arc::new(Mediator::new(weak.clone())),
-            changes: queue.clone(),
-            mediation: queue.clone(),
-        })?;
-        tokio::spawn(deliver(queue, Arc::downgrade(&host.shared)));
-        tokio::spawn(
-            host.shared
-                .alerts
-                .clone()
-                .run_deliveries(host.shared.alerts_stop.subscribe()),
-        );
-        Ok(host)
-    }
+/// [`Host::new`]: load every configured role and start the host's background work (the
+/// epoch ticker, the availability-change delivery, the alerts' delivery).
+pub(crate) fn start(options: HostOptions) -> anyhow::Result<Host> {
+    let queue = Arc::new(ChangeQueue::new());
+    let host = Host::assemble(options, |weak| Wiring {
+        availability: Arc::new(Mediator::new(weak.clone())),
+        changes: queue.clone(),
+        mediation: queue.clone(),
+    })?;
+    tokio::spawn(deliver(queue, Arc::downgrade(&host.shared)));
+    tokio::spawn(
+        host.shared
+            .alerts
+            .clone()
+            .run_deliveries(host.shared.alerts_stop.subscribe()),
+    );
+    Ok(host)
 }
 
 /// The queue of changes waiting for delivery.
@@ -355,7 +345,7 @@ pub(crate) async fn deliver(queue: Arc<ChangeQueue>, host: Weak<Shared>) {
                 queue.requeue(change);
                 continue;
             }
-            match host_handle.deliver_change(&change).await {
+            match deliver_change(&host_handle, &change).await {
                 Ok(()) => {
                     failures = 0;
                     queue.delivered();

@@ -2,5 +2,5 @@
 
 pub mod alerts;
 pub mod core_link;
-mod maintenance;
+pub(crate) mod maintenance;
 pub mod mediator;

@@ -154,7 +154,7 @@ impl GuestDriven {
         }
         // While the guest runs, only it writes the body, and only inside this poll: so the
         // body is polled with a waker that does nothing (no self-wake when the guest writes;
-        // see `handle_http`), and the guest, polled with this task's, wakes it for whatever
+        // see `handle`), and the guest, polled with this task's, wakes it for whatever
         // it waits on.
         let mut quiet = TaskContext::from_waker(std::task::Waker::noop());
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(&mut quiet) {
@@ -171,100 +171,95 @@ impl GuestDriven {
     }
 }
 
-impl Host {
-    /// Hand one HTTP request to a fresh instance of the pool and return its response as soon
-    /// as the guest sets it; the body streams while the guest keeps writing.
-    pub async fn handle_http<B>(&self, req: Request<B>) -> Response<HyperOutgoingBody>
-    where
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<wasmtime_wasi_http::Error>,
-    {
-        const CALL: &str = "wasi:http/incoming-handler.handle";
-        let Some(plugin) = self.shared.pool.as_ref() else {
-            return error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no plugin fills the account-pool role",
-            );
+/// [`Host::handle_http`]: hand one HTTP request to a fresh instance of the pool and return
+/// its response as soon as the guest sets it; the body streams while the guest keeps
+/// writing.
+pub(crate) async fn handle<B>(host: &Host, req: Request<B>) -> Response<HyperOutgoingBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<wasmtime_wasi_http::Error>,
+{
+    const CALL: &str = "wasi:http/incoming-handler.handle";
+    let Some(plugin) = host.shared.pool.as_ref() else {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no plugin fills the account-pool role",
+        );
+    };
+    let meta = plugin.meta.clone();
+    let mut store = host.new_store(&meta);
+    let client = ClientGone::new();
+    store.data_mut().incoming_client = client.watch();
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let prepared = (|| -> wasmtime::Result<_> {
+        let request = store
+            .data_mut()
+            .http()
+            .new_incoming_request(Scheme::Http, req)?;
+        let out = store.data_mut().http().new_response_outparam(sender)?;
+        Ok((request, out))
+    })();
+    let (request, out) = match prepared {
+        Ok(prepared) => prepared,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+    };
+    let host = host.clone();
+    let guest: GuestCall = Box::pin(async move {
+        let Some(plugin) = host.shared.pool.as_ref() else {
+            return Err(CallError::NoPlugin(Role::AccountPool));
         };
-        let meta = plugin.meta.clone();
-        let mut store = self.new_store(&meta);
-        let client = ClientGone::new();
-        store.data_mut().incoming_client = client.watch();
-        let (sender, receiver) = tokio::sync::oneshot::channel();
-        let prepared = (|| -> wasmtime::Result<_> {
-            let request = store
-                .data_mut()
-                .http()
-                .new_incoming_request(Scheme::Http, req)?;
-            let out = store.data_mut().http().new_response_outparam(sender)?;
-            Ok((request, out))
-        })();
-        let (request, out) = match prepared {
-            Ok(prepared) => prepared,
-            Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("{e:#}")),
-        };
-        let host = self.clone();
-        let guest: GuestCall = Box::pin(async move {
-            let Some(plugin) = host.shared.pool.as_ref() else {
-                return Err(CallError::NoPlugin(Role::AccountPool));
-            };
-            let result = async {
-                let instance = plugin.pre.http.instantiate_async(&mut store).await?;
-                instance
-                    .wasi_http_incoming_handler()
-                    .call_handle(&mut store, request, out)
-                    .await
-            }
-            .await;
-            drop(store);
-            result.map_err(|e| Host::call_error(&plugin.meta, CALL, e))
-        });
-        // The guest runs in this request's own task (no spawn, no hand-over between tasks):
-        // here until it sets the response head, then inside the response body, which keeps
-        // driving it while it writes the rest.
-        let mut guest = RunToEnd {
-            call: Some(guest),
-            plugin: meta.id.clone(),
-            client,
-            answered: false,
-        };
-        // The head is set only while the guest runs, and it runs only inside the poll below:
-        // so the receiver is looked at, never polled with this task's waker. A registered
-        // waker would be woken by the guest's own `set` within this very poll, and tokio
-        // answers such a self-wake by running the task once more after it goes idle,
-        // handing it to the other worker (a futex wake and two context switches a request).
-        let mut receiver = receiver;
-        let head = std::future::poll_fn(|cx| {
-            let done = guest.poll_call(cx);
-            match (receiver.try_recv(), done) {
-                (Ok(head), _) => Poll::Ready(Head::Set(head)),
-                // Dropped unset: the guest is finishing (or failed); drive it to the end
-                // to learn which.
-                (Err(_), Poll::Pending) => Poll::Pending,
-                (Err(_), Poll::Ready(done)) => Poll::Ready(Head::Finished(done)),
-            }
-        })
-        .await;
-        match head {
-            Head::Set(Ok(response)) if guest.finished() => response,
-            Head::Set(Ok(response)) => {
-                response.map(|body| GuestDriven { body, guest }.boxed_unsync())
-            }
-            Head::Set(Err(code)) => {
-                tracing::warn!(plugin = &*meta.id, error = ?code, "the pool answered with an error code");
-                error_response(
-                    StatusCode::BAD_GATEWAY,
-                    &format!("the pool failed the request: {code:?}"),
-                )
-            }
-            Head::Finished(Ok(())) => error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("plugin `{}` returned without a response", meta.id),
-            ),
-            Head::Finished(Err(e)) => {
-                error_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
-            }
+        let result = async {
+            let instance = plugin.pre.http.instantiate_async(&mut store).await?;
+            instance
+                .wasi_http_incoming_handler()
+                .call_handle(&mut store, request, out)
+                .await
         }
+        .await;
+        drop(store);
+        result.map_err(|e| Host::call_error(&plugin.meta, CALL, e))
+    });
+    // The guest runs in this request's own task (no spawn, no hand-over between tasks):
+    // here until it sets the response head, then inside the response body, which keeps
+    // driving it while it writes the rest.
+    let mut guest = RunToEnd {
+        call: Some(guest),
+        plugin: meta.id.clone(),
+        client,
+        answered: false,
+    };
+    // The head is set only while the guest runs, and it runs only inside the poll below:
+    // so the receiver is looked at, never polled with this task's waker. A registered
+    // waker would be woken by the guest's own `set` within this very poll, and tokio
+    // answers such a self-wake by running the task once more after it goes idle,
+    // handing it to the other worker (a futex wake and two context switches a request).
+    let mut receiver = receiver;
+    let head = std::future::poll_fn(|cx| {
+        let done = guest.poll_call(cx);
+        match (receiver.try_recv(), done) {
+            (Ok(head), _) => Poll::Ready(Head::Set(head)),
+            // Dropped unset: the guest is finishing (or failed); drive it to the end
+            // to learn which.
+            (Err(_), Poll::Pending) => Poll::Pending,
+            (Err(_), Poll::Ready(done)) => Poll::Ready(Head::Finished(done)),
+        }
+    })
+    .await;
+    match head {
+        Head::Set(Ok(response)) if guest.finished() => response,
+        Head::Set(Ok(response)) => response.map(|body| GuestDriven { body, guest }.boxed_unsync()),
+        Head::Set(Err(code)) => {
+            tracing::warn!(plugin = &*meta.id, error = ?code, "the pool answered with an error code");
+            error_response(
+                StatusCode::BAD_GATEWAY,
+                &format!("the pool failed the request: {code:?}"),
+            )
+        }
+        Head::Finished(Ok(())) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("plugin `{}` returned without a response", meta.id),
+        ),
+        Head::Finished(Err(e)) => error_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 

@@ -1,10 +1,14 @@
 //! The host runtime: loads each role's component (embedded or from a file), checks its
-//! world, pre-instantiates it once, and runs every plugin call and HTTP request in a fresh
-//! `Store` with a deadline and a memory cap; calls into Provider Retry are made one at a
-//! time. What passes between plugins (availability queries and changes) is
-//! [`crate::mediation::mediator`]'s: its `Host::new` builds the mediation and hands it to
-//! [`Host::assemble`] here, which only wires it into the stores (so this module never
-//! names the mediator's types).
+//! world, pre-instantiates it once (`load.rs`), and runs every plugin call and HTTP request
+//! in a fresh `Store` with a deadline and a memory cap; calls into Provider Retry are made
+//! one at a time.
+//!
+//! [`Host`] is the handle everything else holds, and every method of it is here. Where a
+//! method's work belongs to another part of the host it delegates in a line: availability
+//! queries and the start-up wiring to [`crate::mediation::mediator`] (which builds the
+//! mediation and hands it to [`Host::assemble`], so this module never names the mediator's
+//! types), the maintenance calls to [`crate::mediation::maintenance`], the alerts' looks to
+//! [`crate::mediation::alerts`], and incoming requests to [`crate::operate::http_in`].
 
 pub mod allocator;
 pub mod bindings;
@@ -12,6 +16,7 @@ pub mod data_lock;
 pub mod embedded;
 pub mod engine;
 pub mod imports;
+mod load;
 pub mod roles;
 pub mod state;
 
@@ -20,31 +25,26 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use anyhow::Context;
+use bytes::Bytes;
+use hyper::body::Body;
+use hyper::{Request, Response};
 use pooler_core::clock::SharedClock;
-use wasmtime::component::Linker;
 use wasmtime::{Engine, Store, UpdateDeadline};
-use wasmtime_wasi_http::p2::bindings::ProxyPre;
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::config::{ComponentSource, Config};
-use crate::runtime::bindings::pool::{AccountPool, AccountPoolPre};
+use crate::config::Config;
+use crate::mediation::{alerts, maintenance, mediator};
+use crate::operate::http_in;
+use crate::runtime::bindings::pool::AccountPool;
 use crate::runtime::bindings::retry::{ProviderRetry, ProviderRetryPre};
-use crate::runtime::engine::{EPOCH_TICK, EngineLimits};
-use crate::runtime::imports::availability::AvailabilitySource;
-use crate::runtime::imports::clocks::ClockView;
-use crate::runtime::imports::http_out::{AllowList, OutgoingClient};
-use crate::runtime::imports::incoming_client::IncomingClientView;
+use crate::runtime::bindings::types::{Availability, PluginError};
+use crate::runtime::engine::EPOCH_TICK;
+use crate::runtime::imports::availability::{AvailabilityQuery, AvailabilitySource};
 use crate::runtime::imports::listener::ChangeSink;
-use crate::runtime::imports::sqlite::SqliteView;
 use crate::runtime::imports::threads::ThreadsService;
-use crate::runtime::imports::{
-    availability, clocks, incoming_client, listener, log, metrics, sqlite, threads,
-};
-use crate::runtime::roles::{Role, Surface, check_world};
+use crate::runtime::roles::Role;
 use crate::runtime::state::{PluginMeta, PluginState, Services};
-
-/// Instances that may be alive at once (requests in flight plus plugin calls).
-const MAX_INSTANCES: u32 = 500;
+use load::{Instantiate, Loaded, PoolPre};
 
 /// What the host needs to start.
 pub struct HostOptions {
@@ -111,61 +111,6 @@ impl std::fmt::Display for DeadlineExceeded {
 
 impl std::error::Error for DeadlineExceeded {}
 
-/// A role's component, loaded and pre-instantiated.
-pub(crate) struct Loaded<P> {
-    pub(crate) meta: Arc<PluginMeta>,
-    pub(crate) pre: P,
-    /// Held for the whole of each call when the role takes one call at a time.
-    serial: Option<tokio::sync::Mutex<()>>,
-}
-
-/// Instantiation of a role's world bindings from its pre-instantiated component.
-pub trait Instantiate: Send + Sync + 'static {
-    type Bindings: Send + Sync + 'static;
-    fn instantiate<'a>(
-        &'a self,
-        store: &'a mut Store<PluginState>,
-    ) -> Pin<Box<dyn Future<Output = wasmtime::Result<Self::Bindings>> + Send + 'a>>;
-}
-
-/// The pool's component, pre-instantiated twice over: with its whole world's bindings (for
-/// the plugin calls), and with only `wasi:http/incoming-handler`'s (for the HTTP path).
-/// Instantiating through the world's bindings looks up and type-checks every export of
-/// every interface on each instantiation; a request needs one function.
-pub(crate) struct PoolPre {
-    world: AccountPoolPre<PluginState>,
-    pub(crate) http: ProxyPre<PluginState>,
-}
-
-impl PoolPre {
-    fn new(pre: wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<Self> {
-        Ok(PoolPre {
-            http: ProxyPre::new(pre.clone())?,
-            world: AccountPoolPre::new(pre)?,
-        })
-    }
-}
-
-impl Instantiate for PoolPre {
-    type Bindings = AccountPool;
-    fn instantiate<'a>(
-        &'a self,
-        store: &'a mut Store<PluginState>,
-    ) -> Pin<Box<dyn Future<Output = wasmtime::Result<AccountPool>> + Send + 'a>> {
-        Box::pin(self.world.instantiate_async(store))
-    }
-}
-
-impl Instantiate for ProviderRetryPre<PluginState> {
-    type Bindings = ProviderRetry;
-    fn instantiate<'a>(
-        &'a self,
-        store: &'a mut Store<PluginState>,
-    ) -> Pin<Box<dyn Future<Output = wasmtime::Result<ProviderRetry>> + Send + 'a>> {
-        Box::pin(self.instantiate_async(store))
-    }
-}
-
 /// A call made on a fresh instance: borrows the store and the world's bindings.
 pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<R>> + Send + 'a>>;
 
@@ -209,232 +154,35 @@ pub(crate) struct Wiring {
     pub(crate) mediation: Arc<dyn Mediation>,
 }
 
-/// The file in a plugin's directory that keeps the hosts a person allowed it by setting a
-/// URL (see [`AllowList`]). Not a database name, so the plugin cannot open it.
-const GRANTS_FILE: &str = "allowed-hosts";
-
 /// The running host. Cheap to clone.
 #[derive(Clone)]
 pub struct Host {
     pub(crate) shared: Arc<Shared>,
 }
 
-fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
-    let mut linker = Linker::<PluginState>::new(engine);
-    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(crate::wasmtime_error)?;
-    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
-        .map_err(crate::wasmtime_error)?;
-    // Replace wasmtime-wasi's monotonic clock with one over the host clock.
-    linker.allow_shadowing(true);
-    clocks::add_to_linker(&mut linker, |s| ClockView {
-        clock: &s.clock,
-        table: &mut s.table,
-    })
-    .map_err(crate::wasmtime_error)?;
-    linker.allow_shadowing(false);
-    crate::runtime::bindings::pool::pooler::plugins::types::add_to_linker::<
-        PluginState,
-        wasmtime::component::HasSelf<PluginState>,
-    >(&mut linker, |s| s)
-    .map_err(crate::wasmtime_error)?;
-    sqlite::add_to_linker(&mut linker, |s| SqliteView {
-        ctx: &mut s.sqlite,
-        table: &mut s.table,
-    })
-    .map_err(crate::wasmtime_error)?;
-    log::add_to_linker(&mut linker, |s| &mut s.log).map_err(crate::wasmtime_error)?;
-    metrics::add_to_linker(&mut linker, |s| &mut s.metrics).map_err(crate::wasmtime_error)?;
-    listener::add_to_linker(&mut linker, |s| &mut s.listener).map_err(crate::wasmtime_error)?;
-    availability::add_to_linker(&mut linker, |s| &mut s.availability)
-        .map_err(crate::wasmtime_error)?;
-    threads::add_to_linker(&mut linker, |s| &mut s.threads).map_err(crate::wasmtime_error)?;
-    incoming_client::add_to_linker(&mut linker, |s| IncomingClientView {
-        ctx: &s.incoming_client,
-        table: &mut s.table,
-    })
-    .map_err(crate::wasmtime_error)?;
-    Ok(linker)
-}
-
-impl crate::runtime::bindings::pool::pooler::plugins::types::Host for PluginState {}
-
-/// The component bytes configured for `role`, and where they came from.
-fn component_bytes(config: &Config, role: Role) -> anyhow::Result<Option<(Vec<u8>, String)>> {
-    match config.plugin(role).component {
-        ComponentSource::Embedded => Ok(crate::runtime::embedded::component(role)
-            .map(|bytes| (bytes.to_vec(), "embedded".to_string()))),
-        ComponentSource::File(path) => {
-            let bytes = std::fs::read(&path)
-                .with_context(|| format!("cannot read the {role} component {}", path.display()))?;
-            Ok(Some((bytes, path.display().to_string())))
-        }
-        ComponentSource::None => Ok(None),
-    }
-}
-
-/// Compile, check and pre-instantiate `role`'s component.
-fn load<P>(
-    engine: &Engine,
-    linker: &Linker<PluginState>,
-    config: &Config,
-    data_dir: &std::path::Path,
-    cache_dir: Option<&std::path::Path>,
-    role: Role,
-    typed: impl FnOnce(wasmtime::component::InstancePre<PluginState>) -> wasmtime::Result<P>,
-) -> anyhow::Result<Option<Loaded<P>>> {
-    let Some((bytes, source)) = component_bytes(config, role)? else {
-        return Ok(None);
-    };
-    let id = role.name();
-    let (component, cached) = engine::load_component(engine, &bytes, cache_dir)
-        .with_context(|| format!("plugin `{id}` ({source}) is not a valid component"))?;
-    let cache = match &cached {
-        engine::CacheOutcome::Hit => "hit",
-        engine::CacheOutcome::Compiled => "compiled",
-        engine::CacheOutcome::Recompiled(_) => "recompiled",
-        engine::CacheOutcome::Uncached(_) => "uncached",
-    };
-    check_world(id, role, &Surface::of(&component, engine))
-        .with_context(|| format!("cannot load {source}"))?;
-    let pre = linker
-        .instantiate_pre(&component)
-        .map_err(crate::wasmtime_error)
-        .with_context(|| {
-            format!("plugin `{id}` ({source}) cannot be linked against the host's imports")
-        })?;
-    let pre = typed(pre).map_err(crate::wasmtime_error).with_context(|| {
-        format!(
-            "plugin `{id}` ({source}) does not export the world {} correctly",
-            role.world()
-        )
-    })?;
-    let settings = config.plugin(role);
-    // The plugin's directory and the one it is in, checked before anything in them is read:
-    // another user's, or one others can write, is refused.
-    let plugins = data_dir.join("plugins");
-    let dir = plugins.join(id);
-    for dir in [&plugins, &dir] {
-        pooler_core::private_file::create_private_dir(dir)
-            .with_context(|| format!("cannot use the plugin directory {}", dir.display()))?;
-    }
-    let meta = PluginMeta {
-        id: Arc::from(id),
-        role,
-        source,
-        deadline: Duration::from_millis(settings.deadline_ms),
-        memory_bytes: usize::try_from(settings.memory_mib << 20).unwrap_or(usize::MAX),
-        error_body_timeout: Duration::from_millis(settings.error_body_timeout_ms),
-        allow: Arc::new(AllowList::with_grants(
-            &config.allowed_hosts(role),
-            dir.join(GRANTS_FILE),
-        )?),
-        dir,
-    };
-    tracing::info!(plugin = id, source = %meta.source, compile_cache = cache, "plugin loaded");
-    Ok(Some(Loaded {
-        meta: Arc::new(meta),
-        pre,
-        serial: (role == Role::ProviderRetry).then(|| tokio::sync::Mutex::new(())),
-    }))
-}
-
 impl Host {
+    /// Load every configured role and start the host's background work (the epoch ticker,
+    /// the availability-change delivery, the alerts' delivery). Must be called inside a
+    /// tokio runtime.
+    pub fn new(options: HostOptions) -> anyhow::Result<Host> {
+        mediator::start(options)
+    }
+
     /// Load every configured role, start the epoch ticker, and wire the stores to the
-    /// mediation `wire` builds (`Host::new` in [`crate::mediation::mediator`] is the one caller).
+    /// mediation `wire` builds ([`crate::mediation::mediator::start`] is the one caller).
     pub(crate) fn assemble(
         options: HostOptions,
         wire: impl FnOnce(&Weak<Shared>) -> Wiring,
     ) -> anyhow::Result<Host> {
-        let HostOptions {
-            config,
-            data_dir,
-            clock,
-            threads,
-            cache_dir,
-            seed,
-        } = options;
-        pooler_core::private_file::create_private_dir(&data_dir)
-            .with_context(|| format!("cannot use the data directory {}", data_dir.display()))?;
-        let max_memory = Role::ALL
-            .into_iter()
-            .map(|role| config.plugin(role).memory_mib)
-            .max()
-            .unwrap_or(64);
-        let engine = engine::build(EngineLimits {
-            max_instances: MAX_INSTANCES,
-            max_memory_bytes: usize::try_from(max_memory << 20).unwrap_or(usize::MAX),
-        })?;
-        engine::start_ticker(&engine)?;
-        let linker = linker(&engine)?;
-        let pool = load(
-            &engine,
-            &linker,
-            &config,
-            &data_dir,
-            cache_dir.as_deref(),
-            Role::AccountPool,
-            PoolPre::new,
-        )?;
-        let retry = load(
-            &engine,
-            &linker,
-            &config,
-            &data_dir,
-            cache_dir.as_deref(),
-            Role::ProviderRetry,
-            ProviderRetryPre::new,
-        )?;
-        let databases = crate::runtime::imports::sqlite::ConnectionCache::new();
-        crate::runtime::imports::sqlite::ConnectionCache::spawn_checkpoints(
-            &databases,
-            seed.is_some(),
-        );
-        let client = OutgoingClient::new();
-        let metrics: Arc<crate::operate::metrics::Registry> = Arc::default();
-        let alerts = Arc::new(crate::mediation::alerts::Alerts::new(
-            config.alerts.clone(),
-            clock.clone(),
-            metrics.clone(),
-            client.clone(),
-        ));
-        let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
-            let Wiring {
-                availability,
-                changes,
-                mediation,
-            } = wire(weak);
-            Shared {
-                engine,
-                config,
-                data_dir,
-                clock: clock.clone(),
-                services: Services {
-                    clock,
-                    client,
-                    threads,
-                    availability,
-                    changes,
-                    databases,
-                    metrics,
-                    seeds: seed.map(|seed| Arc::new(crate::runtime::state::Seeds::new(seed))),
-                },
-                pool,
-                retry,
-                mediation,
-                taps: Arc::default(),
-                alerts,
-                alerts_stop: tokio::sync::watch::Sender::new(false),
-            }
-        });
-        Ok(Host { shared })
+        load::assemble(options, wire).map(|shared| Host { shared })
     }
 
-    /// The routes whose answers the listener records while agent turns run.
     /// The host's metrics: what `GET /metrics` serves, added to by the host and the plugins.
     pub fn metrics(&self) -> &Arc<crate::operate::metrics::Registry> {
         &self.shared.services.metrics
     }
 
+    /// The routes whose answers the listener records while agent turns run.
     pub fn taps(&self) -> &Arc<crate::operate::tap::Taps> {
         &self.shared.taps
     }
@@ -636,5 +384,80 @@ impl Host {
             .as_ref()
             .ok_or(CallError::NoPlugin(Role::ProviderRetry))?;
         self.call(plugin, call, f).await
+    }
+
+    /// Hand one HTTP request to a fresh instance of the pool and return its response as soon
+    /// as the guest sets it; the body streams while the guest keeps writing
+    /// ([`crate::operate::http_in`]).
+    pub async fn handle_http<B>(&self, req: Request<B>) -> Response<HyperOutgoingBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<wasmtime_wasi_http::Error>,
+    {
+        http_in::handle(self, req).await
+    }
+
+    /// Answer an availability query from `caller` through a fresh instance of the pool
+    /// ([`crate::mediation::mediator`]).
+    pub async fn query_availability(&self, caller: &str, query: AvailabilityQuery) -> Availability {
+        mediator::query(self, caller, query).await
+    }
+
+    /// Answer several availability queries from `caller` with one call into a fresh
+    /// instance of the pool (`availability.query-many`): one answer per query, in order.
+    pub async fn query_availability_many(
+        &self,
+        caller: &str,
+        queries: Vec<AvailabilityQuery>,
+    ) -> Vec<Availability> {
+        mediator::query_many(self, caller, queries).await
+    }
+
+    /// Resolves when every availability change signalled so far has been delivered (or
+    /// there is no listener to deliver it to).
+    pub async fn availability_changes_settled(&self) {
+        self.shared.mediation.settled().await;
+    }
+
+    /// Call the pool's maintenance tick now and then every `interval`, until the returned
+    /// future is dropped. Does nothing without a pool or with a zero interval.
+    pub async fn run_maintenance(self, interval: Duration) {
+        maintenance::run(self, interval).await;
+    }
+
+    /// Tell the pool the host started (`maintenance.on-start`), once, before serving: it
+    /// drops what calls of a host that stopped held. A failure is logged and the host
+    /// serves anyway (the pool only loses that cleanup). Nothing without a pool.
+    pub async fn start_pool(&self) {
+        maintenance::start(self).await;
+    }
+
+    /// The pool's `maintenance.on-start(now)`: once per start, before the server serves.
+    pub async fn maintenance_start(&self, now: u64) -> Result<Result<(), PluginError>, CallError> {
+        maintenance::on_start(self, now).await
+    }
+
+    /// The pool's `maintenance.on-tick(now)`.
+    pub async fn maintenance_tick(&self, now: u64) -> Result<Result<(), PluginError>, CallError> {
+        maintenance::on_tick(self, now).await
+    }
+
+    /// The host's alerts.
+    pub fn alerts(&self) -> &Arc<alerts::Alerts> {
+        &self.shared.alerts
+    }
+
+    /// Look at the accounts and threads now and announce what started or ended. A source
+    /// that cannot be read is skipped (its episodes stay as they were).
+    pub async fn check_alerts(&self) {
+        alerts::watch::check(self).await;
+    }
+
+    /// Look at the accounts and threads every `interval` of the host clock, and soon after
+    /// each availability change or failed turn (at most one look per
+    /// [`alerts::watch::MIN_LOOK_GAP_MS`] and twenty times the last look's duration), until
+    /// the returned future is dropped.
+    pub async fn run_alerts(self, interval: Duration) {
+        alerts::watch::run(self, interval).await;
     }
 }

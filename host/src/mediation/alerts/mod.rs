@@ -11,7 +11,7 @@
 
 pub mod format;
 pub mod model;
-mod watch;
+pub(crate) mod watch;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

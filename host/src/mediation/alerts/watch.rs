@@ -4,6 +4,7 @@
 //! stopped), and the core's `threads` answers (whether a thread is still stuck on that
 //! failure). A look runs on the watcher's own task — on an interval of the host clock, and
 //! soon after the pool signals an availability change — never on a request path.
+//! [`Host::check_alerts`] and [`Host::run_alerts`] delegate here.
 
 use std::collections::BTreeMap;
 
@@ -178,185 +179,178 @@ fn status_name(s: AccountStatus) -> &'static str {
     }
 }
 
-impl Host {
-    /// The host's alerts.
-    pub fn alerts(&self) -> &std::sync::Arc<super::Alerts> {
-        &self.shared.alerts
-    }
-
-    /// Look at the accounts and threads now and announce what started or ended. A source
-    /// that cannot be read is skipped (its episodes stay as they were).
-    pub async fn check_alerts(&self) {
-        let alerts = self.alerts().clone();
-        let _looking = alerts.looking.lock().await;
-        let now = self.clock().now_ms();
-        let mut alerts = Vec::new();
-        if self.has_role(Role::AccountPool) {
-            let listed = self
-                .call_pool("accounts.list-accounts", |store, pool| {
-                    Box::pin(
-                        pool.pooler_plugins_accounts()
-                            .call_list_accounts(store, None),
-                    )
-                })
-                .await;
-            match listed {
-                Ok(Ok(accounts)) => {
-                    let present = account_conditions(&accounts, now);
-                    let mut episodes = self
-                        .alerts()
-                        .episodes
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    alerts.extend(episodes.observe(&ACCOUNT_KINDS, present, now));
-                }
-                Ok(Err(e)) => tracing::debug!(error = ?e, "alerts: cannot list the accounts"),
-                Err(e) => tracing::debug!(error = %e, "alerts: cannot list the accounts"),
-            }
-        }
-        if self.has_role(Role::ProviderRetry) {
-            alerts.extend(self.check_threads(now).await);
-        }
-        self.alerts().emit(alerts);
-    }
-
-    /// Threads whose failed turn Provider Retry no longer works on while the thread is still
-    /// in error on it.
-    async fn check_threads(&self, now: u64) -> Vec<crate::mediation::alerts::model::Alert> {
-        let status = self
-            .call_retry("retry-admin.status", |store, retry| {
-                Box::pin(async move {
-                    retry
-                        .pooler_plugins_retry_admin()
-                        .call_status(store, None)
-                        .await
-                })
+/// [`Host::check_alerts`]: look at the accounts and threads now and announce what started
+/// or ended. A source that cannot be read is skipped (its episodes stay as they were).
+pub(crate) async fn check(host: &Host) {
+    let alerts = host.alerts().clone();
+    let _looking = alerts.looking.lock().await;
+    let now = host.clock().now_ms();
+    let mut alerts = Vec::new();
+    if host.has_role(Role::AccountPool) {
+        let listed = host
+            .call_pool("accounts.list-accounts", |store, pool| {
+                Box::pin(
+                    pool.pooler_plugins_accounts()
+                        .call_list_accounts(store, None),
+                )
             })
             .await;
-        let candidates = match status {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                tracing::debug!(error = ?e, "alerts: cannot read the retry candidates");
-                return Vec::new();
+        match listed {
+            Ok(Ok(accounts)) => {
+                let present = account_conditions(&accounts, now);
+                let mut episodes = host
+                    .alerts()
+                    .episodes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                alerts.extend(episodes.observe(&ACCOUNT_KINDS, present, now));
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "alerts: cannot read the retry candidates");
-                return Vec::new();
-            }
-        };
-        let tracked: Vec<(String, String)> = {
-            let mut tracked = self
-                .alerts()
-                .threads
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            for c in &candidates {
-                tracked.note(&c.thread, &c.failed_request);
-            }
-            tracked
-                .failed
-                .iter()
-                .filter(|(t, _)| !candidates.iter().any(|c| &c.thread == *t))
-                .map(|(t, r)| (t.clone(), r.clone()))
-                .collect()
-        };
-        let ids: Vec<String> = tracked.iter().map(|(t, _)| t.clone()).collect();
-        let infos = self.shared.services.threads.get_threads(CALLER, &ids);
-        let mut stuck: Vec<String> = Vec::new();
-        let mut done: Vec<String> = Vec::new();
-        for ((thread, request), info) in tracked.into_iter().zip(infos) {
-            match info {
-                Ok(info)
-                    if info.status == ThreadStatus::Error
-                        && !info.archived
-                        && !info.input_queued
-                        && info.latest_request.as_deref() == Some(request.as_str()) =>
-                {
-                    stuck.push(thread);
-                }
-                // Moved on (a new turn, a person's message, archived) or gone.
-                _ => done.push(thread),
-            }
+            Ok(Err(e)) => tracing::debug!(error = ?e, "alerts: cannot list the accounts"),
+            Err(e) => tracing::debug!(error = %e, "alerts: cannot list the accounts"),
         }
-        {
-            let mut tracked = self
-                .alerts()
-                .threads
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            for thread in &done {
-                tracked.failed.remove(thread);
-            }
+    }
+    if host.has_role(Role::ProviderRetry) {
+        alerts.extend(check_threads(host, now).await);
+    }
+    host.alerts().emit(alerts);
+}
+
+/// Threads whose failed turn Provider Retry no longer works on while the thread is still
+/// in error on it.
+async fn check_threads(host: &Host, now: u64) -> Vec<crate::mediation::alerts::model::Alert> {
+    let status = host
+        .call_retry("retry-admin.status", |store, retry| {
+            Box::pin(async move {
+                retry
+                    .pooler_plugins_retry_admin()
+                    .call_status(store, None)
+                    .await
+            })
+        })
+        .await;
+    let candidates = match status {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(error = ?e, "alerts: cannot read the retry candidates");
+            return Vec::new();
         }
-        let mut present = Vec::new();
-        for thread in stuck {
-            let open = self
-                .alerts()
-                .episodes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_open(AlertKind::RetriesEnded, &thread);
-            let mut c = Condition::new(AlertKind::RetriesEnded, thread.clone());
-            c.thread = Some(thread.clone());
-            if !open {
-                c.reason = self.why_retries_ended(&thread).await;
-            }
-            present.push(c);
+        Err(e) => {
+            tracing::debug!(error = %e, "alerts: cannot read the retry candidates");
+            return Vec::new();
         }
-        let mut episodes = self
+    };
+    let tracked: Vec<(String, String)> = {
+        let mut tracked = host
+            .alerts()
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for c in &candidates {
+            tracked.note(&c.thread, &c.failed_request);
+        }
+        tracked
+            .failed
+            .iter()
+            .filter(|(t, _)| !candidates.iter().any(|c| &c.thread == *t))
+            .map(|(t, r)| (t.clone(), r.clone()))
+            .collect()
+    };
+    let ids: Vec<String> = tracked.iter().map(|(t, _)| t.clone()).collect();
+    let infos = host.shared.services.threads.get_threads(CALLER, &ids);
+    let mut stuck: Vec<String> = Vec::new();
+    let mut done: Vec<String> = Vec::new();
+    for ((thread, request), info) in tracked.into_iter().zip(infos) {
+        match info {
+            Ok(info)
+                if info.status == ThreadStatus::Error
+                    && !info.archived
+                    && !info.input_queued
+                    && info.latest_request.as_deref() == Some(request.as_str()) =>
+            {
+                stuck.push(thread);
+            }
+            // Moved on (a new turn, a person's message, archived) or gone.
+            _ => done.push(thread),
+        }
+    }
+    {
+        let mut tracked = host
+            .alerts()
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for thread in &done {
+            tracked.failed.remove(thread);
+        }
+    }
+    let mut present = Vec::new();
+    for thread in stuck {
+        let open = host
             .alerts()
             .episodes
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        episodes.observe(&[AlertKind::RetriesEnded], present, now)
+            .unwrap_or_else(|e| e.into_inner())
+            .is_open(AlertKind::RetriesEnded, &thread);
+        let mut c = Condition::new(AlertKind::RetriesEnded, thread.clone());
+        c.thread = Some(thread.clone());
+        if !open {
+            c.reason = why_retries_ended(host, &thread).await;
+        }
+        present.push(c);
     }
+    let mut episodes = host
+        .alerts()
+        .episodes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    episodes.observe(&[AlertKind::RetriesEnded], present, now)
+}
 
-    /// Provider Retry's own words for its last decision on the thread's latest chain.
-    async fn why_retries_ended(&self, thread: &str) -> Option<String> {
-        let target = thread.to_string();
-        let chains = self
-            .call_retry("retry-admin.explain", move |store, retry| {
-                Box::pin(async move {
-                    retry
-                        .pooler_plugins_retry_admin()
-                        .call_explain(store, &target)
-                        .await
-                })
+/// Provider Retry's own words for its last decision on the thread's latest chain.
+async fn why_retries_ended(host: &Host, thread: &str) -> Option<String> {
+    let target = thread.to_string();
+    let chains = host
+        .call_retry("retry-admin.explain", move |store, retry| {
+            Box::pin(async move {
+                retry
+                    .pooler_plugins_retry_admin()
+                    .call_explain(store, &target)
+                    .await
             })
-            .await
-            .ok()?
-            .ok()?;
-        let entry = chains.last()?.entries.last()?;
-        (!entry.reason.is_empty()).then(|| entry.reason.clone())
-    }
+        })
+        .await
+        .ok()?
+        .ok()?;
+    let entry = chains.last()?.entries.last()?;
+    (!entry.reason.is_empty()).then(|| entry.reason.clone())
+}
 
-    /// Look at the accounts and threads every `interval` of the host clock, and soon after
-    /// each availability change or failed turn (at most one look per [`MIN_LOOK_GAP_MS`] and
-    /// twenty times the last look's duration), until the returned future is dropped.
-    pub async fn run_alerts(self, interval: std::time::Duration) {
-        let step = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
-        loop {
-            let started = std::time::Instant::now();
-            self.check_alerts().await;
-            // A look reads every retry candidate; a flood of failed turns (each one asks for
-            // a look) must not make looks run back to back and starve the deliveries. After a
-            // request for a look, wait at least a second and twenty times the last look.
-            let spent = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let gap = spent.saturating_mul(20).max(MIN_LOOK_GAP_MS);
-            let alerts = self.alerts().clone();
-            let asked = async {
-                alerts.look.notified().await;
-                let soonest = self.clock().now_ms().saturating_add(gap);
-                self.clock().sleep_until(soonest).await;
-            };
-            if step == 0 {
-                asked.await;
-            } else {
-                let next = self.clock().now_ms().saturating_add(step);
-                tokio::select! {
-                    _ = self.clock().sleep_until(next) => {}
-                    _ = asked => {}
-                }
+/// [`Host::run_alerts`]: look every `interval` of the host clock, and soon after each
+/// availability change or failed turn (at most one look per [`MIN_LOOK_GAP_MS`] and twenty
+/// times the last look's duration), until the future is dropped.
+pub(crate) async fn run(host: Host, interval: std::time::Duration) {
+    let step = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        let started = std::time::Instant::now();
+        host.check_alerts().await;
+        // A look reads every retry candidate; a flood of failed turns (each one asks for
+        // a look) must not make looks run back to back and starve the deliveries. After a
+        // request for a look, wait at least a second and twenty times the last look.
+        let spent = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let gap = spent.saturating_mul(20).max(MIN_LOOK_GAP_MS);
+        let alerts = host.alerts().clone();
+        let asked = async {
+            alerts.look.notified().await;
+            let soonest = host.clock().now_ms().saturating_add(gap);
+            host.clock().sleep_until(soonest).await;
+        };
+        if step == 0 {
+            asked.await;
+        } else {
+            let next = host.clock().now_ms().saturating_add(step);
+            tokio::select! {
+                _ = host.clock().sleep_until(next) => {}
+                _ = asked => {}
             }
         }
     }
