@@ -6,13 +6,13 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
-use rusqlite::ErrorCode;
 use rusqlite::types::{Value as SqlValue, ValueRef};
 
 use super::bounds::{self, ResultSize};
-use super::cache::FileSlot;
+use super::error::map_error;
 use super::lock_wait::{close, with_commits};
 use super::opening::{STATE_CHANGED, open, take_refusal};
+use super::slot::FileSlot;
 use crate::runtime::bindings::pool::pooler::plugins::sqlite::{Error, Rows, Value};
 
 /// An open connection: the host side of the WIT `connection` resource. It runs each
@@ -58,29 +58,6 @@ impl Drop for Connection {
             Some(slot) => slot.put(conn),
             None => close(conn),
         }
-    }
-}
-
-/// rusqlite's error as the WIT variant.
-pub fn map_error(e: rusqlite::Error) -> Error {
-    match &e {
-        rusqlite::Error::SqliteFailure(failure, message) => {
-            let text = message.clone().unwrap_or_else(|| failure.to_string());
-            match failure.code {
-                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => Error::Busy,
-                ErrorCode::ConstraintViolation => Error::Constraint(text),
-                ErrorCode::CannotOpen
-                | ErrorCode::ReadOnly
-                | ErrorCode::DiskFull
-                | ErrorCode::SystemIoFailure
-                | ErrorCode::PermissionDenied
-                | ErrorCode::DatabaseCorrupt
-                | ErrorCode::NotADatabase
-                | ErrorCode::OutOfMemory => Error::Io(text),
-                _ => Error::InvalidStatement(text),
-            }
-        }
-        _ => Error::InvalidStatement(e.to_string()),
     }
 }
 
@@ -280,7 +257,7 @@ fn query_on(conn: &rusqlite::Connection, sql: &str, params: Vec<Value>) -> Resul
 
 #[cfg(test)]
 mod tests {
-    use super::super::cache::ConnectionCache;
+    use super::super::ConnectionCache;
     use super::*;
 
     #[test]

@@ -5,10 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::opening::AUTOCHECKPOINT_PAGES;
-
 /// How long a statement waits for a lock held by another connection.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// WAL pages after which a committing connection checkpoints by itself: only reached when
+/// the background checkpoints fall behind (SQLite's default, 1,000, put that on the request
+/// path; `docs/04-sqlite-settings.md`).
+pub(super) const AUTOCHECKPOINT_PAGES: i64 = 16_384;
 
 /// Write transactions ended on one database file (committed or rolled back), counted so
 /// a connection waiting for the write lock wakes as soon as it may be free instead of
@@ -163,7 +165,7 @@ fn lock_wait(attempt: i32) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cache::ConnectionCache;
+    use super::super::ConnectionCache;
     use super::*;
     use crate::runtime::bindings::pool::pooler::plugins::sqlite::Value;
 

@@ -23,15 +23,24 @@
 //! |-----------------|------|
 //! | `mod.rs`        | the WIT impl, per-instance state, `add_to_linker` |
 //! | `cache.rs`      | the host-wide connection cache and the background checkpoints |
-//! | `lock_wait.rs`  | commit counts and the busy handler that waits on them |
 //! | `connection.rs` | the guest's `connection`: statements on borrowed host connections |
+//! | `slot.rs`       | one database file's idle host connections, which both of those use |
 //! | `opening.rs`    | opening a database: names, the private file, settings, the authorizer |
+//! | `lock_wait.rs`  | commit counts and the busy handler that waits on them |
+//! | `bounds.rs`     | what a statement may cost: CPU budget, result size, SQLite limits |
+//! | `error.rs`      | rusqlite's errors as the WIT's |
+//!
+//! Each module uses only the ones below it in this table (`mod.rs` uses them all), so
+//! there is no import circle; tests of a lower module may build a cache or a connection
+//! through this module's front to exercise their code.
 
 mod bounds;
 mod cache;
 mod connection;
+mod error;
 mod lock_wait;
 mod opening;
+mod slot;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,10 +52,12 @@ use crate::runtime::bindings::pool::pooler::plugins::sqlite::{
 };
 
 pub use bounds::{Budget, CELL_BYTES, DEFAULT_MAX_BYTES, LIMITS, MAX_ROWS, PROGRESS_OPS};
-pub use cache::{CHECKPOINT_INTERVAL, ConnectionCache, MAX_IDLE_PER_DATABASE};
-pub use connection::{Connection, map_error};
+pub use cache::{CHECKPOINT_INTERVAL, ConnectionCache};
+pub use connection::Connection;
+pub use error::map_error;
 pub use lock_wait::{BUSY_TIMEOUT, Commits};
 pub use opening::{MAX_NAME_CHARS, check_name, open};
+pub use slot::MAX_IDLE_PER_DATABASE;
 
 /// Open connections one instance may hold.
 pub const MAX_CONNECTIONS: usize = 8;

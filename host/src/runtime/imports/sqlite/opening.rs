@@ -8,16 +8,12 @@ use pooler_core::sqlite_file::{self, Busy, ExistingFile, OpenError, Settings};
 use rusqlite::OpenFlags;
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 
-use super::connection::map_error;
-use super::lock_wait::wait_for_lock;
+use super::error::map_error;
+use super::lock_wait::{AUTOCHECKPOINT_PAGES, wait_for_lock};
 use crate::runtime::bindings::pool::pooler::plugins::sqlite::Error;
 
 /// Longest database name.
 pub const MAX_NAME_CHARS: usize = 64;
-/// WAL pages after which a committing connection checkpoints by itself: only reached when
-/// the background checkpoints fall behind (SQLite's default, 1,000, put that on the request
-/// path; `docs/04-sqlite-settings.md`).
-pub(super) const AUTOCHECKPOINT_PAGES: i64 = 16_384;
 
 thread_local! {
     /// Set by the authorizer when a statement being prepared on this thread changes its
@@ -227,7 +223,7 @@ fn changes_connection_state(action: &AuthAction<'_>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::connection::Connection;
+    use super::super::Connection;
     use super::*;
     use crate::runtime::bindings::pool::pooler::plugins::sqlite::Value;
 
