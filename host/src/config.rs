@@ -142,7 +142,7 @@ impl AlertsConfig {
     /// The webhook as a person may see it: its origin only (the path may be a secret).
     pub fn webhook_shown(&self) -> Option<String> {
         self.webhook.as_deref().map(|url| {
-            crate::runtime::imports::http_out::Origin::of_url(url)
+            crate::runtime::imports::http_out::allow::Origin::of_url(url)
                 .map_or_else(|| "(set)".to_string(), |o| format!("{o}/…"))
         })
     }
@@ -151,7 +151,7 @@ impl AlertsConfig {
     pub fn allowed_hosts(&self) -> Vec<String> {
         match (&self.allowed_hosts, &self.webhook) {
             (Some(hosts), _) => hosts.clone(),
-            (None, Some(url)) => crate::runtime::imports::http_out::Origin::of_url(url)
+            (None, Some(url)) => crate::runtime::imports::http_out::allow::Origin::of_url(url)
                 .map(|o| vec![o.to_string()])
                 .unwrap_or_default(),
             (None, None) => Vec::new(),
@@ -161,8 +161,8 @@ impl AlertsConfig {
     fn validate(&self) -> anyhow::Result<()> {
         if let Some(url) = &self.webhook {
             // The value is not repeated: it may be a secret.
-            if crate::runtime::imports::http_out::Origin::of_url(url).is_none()
-                || crate::runtime::imports::http_out::AllowList::check_value(url).is_err()
+            if crate::runtime::imports::http_out::allow::Origin::of_url(url).is_none()
+                || crate::runtime::imports::http_out::allow::AllowList::check_value(url).is_err()
                 || !url.trim().to_ascii_lowercase().starts_with("http")
             {
                 bail!(
@@ -193,7 +193,7 @@ impl AlertsConfig {
             bail!("alerts.command-timeout-s must be positive");
         }
         for host in self.allowed_hosts.iter().flatten() {
-            if let Err(e) = crate::runtime::imports::http_out::parse_entry(host) {
+            if let Err(e) = crate::runtime::imports::http_out::allow::parse_entry(host) {
                 bail!("alerts.allowed-hosts: {e}");
             }
         }
@@ -454,7 +454,7 @@ pub struct PluginConfig {
     /// Where the plugin may send HTTP requests: `host` (https on 443; a loopback host on any
     /// port, http or https), `host:port` (https; http too on loopback) or
     /// `https://host[:port]` / `http://host[:port]` (plain http only to loopback); see
-    /// [`crate::runtime::imports::http_out::parse_entry`]. Default: the real provider endpoints for
+    /// [`crate::runtime::imports::http_out::allow::parse_entry`]. Default: the real provider endpoints for
     /// the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for other roles. The origins of
     /// URL settings a person sets through the admin API are added.
     #[serde(default)]
@@ -583,7 +583,7 @@ impl Config {
                 bail!("plugins.{name}.error-body-timeout-ms must be positive");
             }
             for host in plugin.allowed_hosts.iter().flatten() {
-                if let Err(e) = crate::runtime::imports::http_out::parse_entry(host) {
+                if let Err(e) = crate::runtime::imports::http_out::allow::parse_entry(host) {
                     bail!("plugins.{name}.allowed-hosts: {e}");
                 }
             }

@@ -17,7 +17,8 @@ use crate::runtime::bindings::pool::{AccountPool, AccountPoolPre};
 use crate::runtime::bindings::retry::{ProviderRetry, ProviderRetryPre};
 use crate::runtime::engine::{self, EngineLimits};
 use crate::runtime::imports::clocks::ClockView;
-use crate::runtime::imports::http_out::{AllowList, OutgoingClient};
+use crate::runtime::imports::http_out::allow::AllowList;
+use crate::runtime::imports::http_out::client::OutgoingClient;
 use crate::runtime::imports::incoming_client::IncomingClientView;
 use crate::runtime::imports::sqlite::SqliteView;
 use crate::runtime::imports::{

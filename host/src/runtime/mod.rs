@@ -224,7 +224,7 @@ impl Host {
         role: Role,
         key: &str,
         value: &str,
-    ) -> anyhow::Result<Option<crate::runtime::imports::http_out::Origin>> {
+    ) -> anyhow::Result<Option<crate::runtime::imports::http_out::allow::Origin>> {
         let meta = match role {
             Role::AccountPool => self.shared.pool.as_ref().map(|p| &p.meta),
             Role::ProviderRetry => self.shared.retry.as_ref().map(|p| &p.meta),

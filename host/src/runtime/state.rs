@@ -14,7 +14,9 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::runtime::imports::availability::{AvailabilityCtx, AvailabilitySource};
 use crate::runtime::imports::clocks::{MonotonicClock, WallClock};
-use crate::runtime::imports::http_out::{AllowList, OutgoingClient, OutgoingPolicy};
+use crate::runtime::imports::http_out::allow::AllowList;
+use crate::runtime::imports::http_out::client::OutgoingClient;
+use crate::runtime::imports::http_out::hook::OutgoingPolicy;
 use crate::runtime::imports::incoming_client::IncomingClientCtx;
 use crate::runtime::imports::listener::{ChangeSink, ListenerCtx};
 use crate::runtime::imports::log::LogCtx;

@@ -21,7 +21,8 @@ use pooler_core::clock::SharedClock;
 use tokio::sync::{Notify, watch as tokio_watch};
 
 use crate::config::AlertsConfig;
-use crate::runtime::imports::http_out::{AllowList, OutgoingClient};
+use crate::runtime::imports::http_out::allow::AllowList;
+use crate::runtime::imports::http_out::client::OutgoingClient;
 use format::Delivery;
 use model::{Alert, AlertKind, AlertState, Episodes};
 

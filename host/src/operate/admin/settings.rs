@@ -14,7 +14,7 @@
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::runtime::bindings::pool::exports::pooler::plugins::settings as pool_settings;
 use crate::runtime::bindings::retry::exports::pooler::plugins::settings as retry_settings;
-use crate::runtime::imports::http_out::{AllowList, Origin};
+use crate::runtime::imports::http_out::allow::{AllowList, Origin};
 use crate::runtime::roles::Role;
 use crate::operate::wire::SettingView;
 
