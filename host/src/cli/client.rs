@@ -49,7 +49,7 @@ impl ClientArgs {
     }
 
     /// Print `value` as JSON when `--json` was given, else run `text` on it with every
-    /// string made visible ([`super::format::visible_json`]): an answer carries text from
+    /// string made visible (`format::visible_json`): an answer carries text from
     /// outside (upstream errors, labels, session ids), and no printer prints it raw.
     pub fn print(
         &self,

@@ -1,5 +1,5 @@
 //! Mediation between plugins, in both directions. Queries: a plugin's availability query
-//! goes to a fresh instance of the pool ([`Mediator`], the stores' `AvailabilitySource`),
+//! goes to a fresh instance of the pool (`Mediator`, the stores' `AvailabilitySource`),
 //! with the contract's answers when the pool cannot answer. Changes: a finished call's
 //! signalled changes are queued here (coalesced per provider: causes unioned in first-seen
 //! order), and one task delivers them to every listening plugin — after the signalling call

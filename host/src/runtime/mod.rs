@@ -6,8 +6,8 @@
 //! [`Host`] is the handle everything else holds, and every method of it is here. Where a
 //! method's work belongs to another part of the host it delegates in a line: availability
 //! queries and the start-up wiring to [`crate::mediation::mediator`] (which builds the
-//! mediation and hands it to [`Host::assemble`], so this module never names the mediator's
-//! types), the maintenance calls to [`crate::mediation::maintenance`], the alerts' looks to
+//! mediation and hands it to `Host::assemble`, so this module never names the mediator's
+//! types), the maintenance calls to `mediation::maintenance`, the alerts' looks to
 //! [`crate::mediation::alerts`], and incoming requests to [`crate::operate::http_in`].
 
 pub mod allocator;
@@ -48,6 +48,7 @@ use load::{Instantiate, Loaded, PoolPre};
 
 /// What the host needs to start.
 pub struct HostOptions {
+    /// Which component fills each role, and each plugin's limits and allowed hosts.
     pub config: Config,
     /// The data directory; plugins' databases live under `plugins/`.
     pub data_dir: PathBuf,
@@ -69,32 +70,51 @@ pub struct HostOptions {
 /// Why a call into a plugin failed. The plugin's next call starts from a fresh instance.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CallError {
+    /// The role has no component loaded: nothing was called.
     #[error("no plugin fills the {0} role")]
     NoPlugin(Role),
+    /// The guest trapped (or a host import failed it); `reason` is the root cause in one line.
     #[error("plugin `{plugin}` trapped in `{call}`: {reason}")]
     Trap {
+        /// The plugin's id (its role's name).
         plugin: String,
+        /// The export called, `interface.function`.
         call: String,
+        /// The trap's root cause.
         reason: String,
     },
+    /// The call spent its CPU budget or outlived its wall-clock deadline and was stopped.
     #[error(
         "plugin `{plugin}` ran past its deadline of {deadline_ms} ms in `{call}` and was stopped"
     )]
     Deadline {
+        /// The plugin's id (its role's name).
         plugin: String,
+        /// The export called, `interface.function`.
         call: String,
+        /// The role's `deadline-ms`.
         deadline_ms: u128,
     },
+    /// The call returned, with an error the plugin may not answer next time (`storage`,
+    /// `dependency`): worth calling again later.
     #[error("plugin `{plugin}` answered a transient error in `{call}`: {reason}")]
     Transient {
+        /// The plugin's id (its role's name).
         plugin: String,
+        /// The export called, `interface.function`.
         call: String,
+        /// The plugin's error text.
         reason: String,
     },
+    /// A fresh instance could not be made (out of instance slots or memory, a start
+    /// function that trapped): the export was not called.
     #[error("plugin `{plugin}` could not be instantiated for `{call}`: {reason}")]
     Instantiate {
+        /// The plugin's id (its role's name).
         plugin: String,
+        /// The export that was to be called, `interface.function`.
         call: String,
+        /// Why instantiation failed, with its whole chain.
         reason: String,
     },
 }
@@ -195,14 +215,17 @@ impl Host {
         }
     }
 
+    /// The configuration the host was started with.
     pub fn config(&self) -> &Config {
         &self.shared.config
     }
 
+    /// The data directory; each plugin's databases and grants file are under `plugins/<id>/`.
     pub fn data_dir(&self) -> &std::path::Path {
         &self.shared.data_dir
     }
 
+    /// The host clock: the time plugins see, and what times maintenance and alerts.
     pub fn clock(&self) -> &SharedClock {
         &self.shared.clock
     }
@@ -455,7 +478,7 @@ impl Host {
 
     /// Look at the accounts and threads every `interval` of the host clock, and soon after
     /// each availability change or failed turn (at most one look per
-    /// [`alerts::watch::MIN_LOOK_GAP_MS`] and twenty times the last look's duration), until
+    /// `MIN_LOOK_GAP_MS` and twenty times the last look's duration), until
     /// the returned future is dropped.
     pub async fn run_alerts(self, interval: Duration) {
         alerts::watch::run(self, interval).await;

@@ -1,7 +1,7 @@
 //! Alerts: telling a person when the pool needs them, instead of waiting for them to look.
-//! This module owns the episodes ([`model`]), the delivery shapes ([`format`]), the
+//! This module owns the episodes ([`model`]), the delivery shapes ([`format`](mod@format)), the
 //! delivery task (below) and the watcher that finds the conditions through the WIT
-//! ([`watch`]: the pool's account list, Provider Retry's open candidates, the core's
+//! (`watch`: the pool's account list, Provider Retry's open candidates, the core's
 //! threads, the pool's serving notices).
 //!
 //! Nothing on a request path waits for an alert: conditions are found by the watcher's own

@@ -35,7 +35,7 @@
 //! # The loops
 //!
 //! Everything is timed by the host clock (manual in tests: advancing it wakes the loops).
-//! One `watch` value ([`Activity`]) carries the wake-ups and tells when the link is idle
+//! One `watch` value (`Activity`) carries the wake-ups and tells when the link is idle
 //! ([`CoreLink::settled`]), so tests wait for work to finish instead of sleeping.
 //!
 //! - **Due loop**: sleeps until the earliest row's send time, or until poked (a `threads`

@@ -1,5 +1,5 @@
-//! The `metrics` import: a plugin's counters and histograms go to the host's
-//! [`Registry`](crate::operate::metrics::Registry), served at `GET /metrics`. A call that breaks the
+//! The `metrics` import: a plugin's counters and histograms go to the host's [`Registry`],
+//! served at `GET /metrics`. A call that breaks the
 //! interface's rules is dropped, and logged once per name as a warning naming the plugin;
 //! the guest never sees an error.
 

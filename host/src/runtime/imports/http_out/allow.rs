@@ -131,7 +131,7 @@ pub enum AllowError {
 }
 
 /// Whether `value` is an `http(s)://` URL whose origin every parser reads the same way: a
-/// host [`valid_host`] accepts, a port from 1 to 65535 when one is written, no userinfo,
+/// host `valid_host` accepts, a port from 1 to 65535 when one is written, no userinfo,
 /// and no backslash, whitespace or control character (NUL included) anywhere. A looser
 /// value (`http://evil.example\@127.0.0.1/`, `http://127.0.0.1:99999/`) is read as one
 /// origin by one parser and another by the next, or by none: it would be granted one

@@ -94,7 +94,7 @@ impl ConnectionCache {
         Ok(Connection::cached(slot))
     }
 
-    /// One checkpoint tick (see [`checkpoint_mode`] for which files and how): copy what the
+    /// One checkpoint tick (see `checkpoint_mode` for which files and how): copy what the
     /// write-ahead logs hold back into the database files, and keep the logs short, so no
     /// request pays for it. Uses a file's least recently used idle connection (the hot one
     /// stays free for requests, its page cache warm); a file with none idle waits for the

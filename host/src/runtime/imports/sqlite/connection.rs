@@ -16,7 +16,7 @@ use super::slot::FileSlot;
 use crate::runtime::bindings::pool::pooler::plugins::sqlite::{Error, Rows, Value};
 
 /// An open connection: the host side of the WIT `connection` resource. It runs each
-/// statement on a host connection of its file's [`FileSlot`], which it holds on to only
+/// statement on a host connection of its file's `FileSlot`, which it holds on to only
 /// while it needs it (a transaction open, per-connection state changed) and otherwise gives
 /// back after the statement. Dropping it rolls back a transaction left open and gives back
 /// what it holds.
