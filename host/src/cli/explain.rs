@@ -6,7 +6,7 @@
 //!
 //! This is the only renderer: the plugin records its history as data (`Engine::record` and
 //! `store::add_history` in `plugins/provider-retry/src/`; a signal's causes arrive as WIT
-//! `change-cause`s, put in words by `host/src/admin/retry.rs`), so a replacement plugin's
+//! `change-cause`s, put in words by `host/src/operate/admin/retry.rs`), so a replacement plugin's
 //! history reads the same. The tests here pin every trigger and action.
 
 use crate::operate::wire::{ActionView, AvailabilityView, ChainView, EntryView, TriggerView};

@@ -3,7 +3,7 @@
 //! SQLite's own limits (`SQLITE_LIMIT_*`) on what a statement may be.
 //!
 //! **Time.** A store has one [`Budget`]: the role's `deadline-ms` of CPU time, spent by the
-//! guest's instructions (one epoch tick per tick of guest execution, `runtime.rs`) and by its
+//! guest's instructions (one epoch tick per tick of guest execution, `runtime/mod.rs`) and by its
 //! SQL (each statement's running time, lock waits excluded), and for an export call a
 //! wall-clock deadline too (the same `deadline-ms` from the call's start, the bound
 //! `tokio::time::timeout` puts on the call, which cannot fire while a statement runs on the
