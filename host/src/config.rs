@@ -451,12 +451,13 @@ pub const DEFAULT_POOL_HOSTS: [&str; 4] = [
 pub struct PluginConfig {
     #[serde(default = "default_component")]
     pub component: ComponentSource,
-    /// Where the plugin may send HTTP requests: `host` (https on 443; a loopback host on any
-    /// port, http or https), `host:port` (https; http too on loopback) or
+    /// Where the plugin may send HTTP requests: `host` (https on 443; a loopback host on
+    /// any port, http or https), `host:port` (https; http too on loopback) or
     /// `https://host[:port]` / `http://host[:port]` (plain http only to loopback); see
-    /// [`crate::runtime::imports::http_out::allow::parse_entry`]. Default: the real provider endpoints for
-    /// the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for other roles. The origins of
-    /// URL settings a person sets through the admin API are added.
+    /// [`crate::runtime::imports::http_out::allow::parse_entry`]. Default: the real
+    /// provider endpoints for the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for
+    /// other roles. The origins of URL settings a person sets through the admin API are
+    /// added.
     #[serde(default)]
     pub allowed_hosts: Option<Vec<String>>,
     /// The longest a call into the plugin may run (CPU time for HTTP requests, which may

@@ -14,6 +14,7 @@ use anyhow::Context;
 use super::client::ServerFile;
 use crate::config::Config;
 use crate::mediation::core_link::{CoreLink, CoreOptions};
+use crate::operate::logging::LogFormat;
 use crate::operate::server::Server;
 use crate::operate::wire::ADMIN_TOKEN_FILE;
 use crate::runtime::data_lock::DataDirLock;
@@ -47,8 +48,8 @@ pub struct ServeArgs {
     pub data_dir: Option<PathBuf>,
     /// How log lines are written to standard error: `text`, or `json` (one object per line,
     /// a plugin's fields as members of their own).
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = crate::operate::logging::LogFormat::Text)]
-    pub log_format: crate::operate::logging::LogFormat,
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Which log lines are written: a level (`trace`, `debug`, `info`, `warn`, `error`, `off`)
     /// or a filter such as `info,pooler::plugin=debug`. Default: $RUST_LOG, else `info`.
     /// Secrets are never logged, at any level.

@@ -511,7 +511,9 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operate::overview::{Problem, ProviderOverview, RowOverview, ThreadOverview, summarize};
+    use crate::operate::overview::{
+        Problem, ProviderOverview, RowOverview, ThreadOverview, summarize,
+    };
     use crate::operate::wire::{AccountTokensView, CandidateView, ProviderName, WindowView};
 
     const NOW: u64 = 1_764_650_000_000; // 2025-12-02T04:33:20Z

@@ -3,12 +3,13 @@
 //! (a `tracing` filter such as `debug` or `info,pooler::plugin=debug`), else `RUST_LOG`, else
 //! `info` for `serve` (`warn` for the other commands).
 //!
-//! A plugin's structured fields (the `log` import, [`crate::runtime::imports::log`]) come out as fields
-//! of their own: in JSON as members of the line's object (a name the host uses itself —
-//! `timestamp`, `level`, `target`, `message`, `plugin` — gets the prefix `field.`), in text
-//! as `name=value` pairs after the message. The import hands them over twice: `fields`, the
-//! pairs as text (what the text format prints), and [`PLUGIN_FIELDS`], the same as a JSON
-//! object (what the JSON format spreads into the line); each format drops the other.
+//! A plugin's structured fields (the `log` import, [`crate::runtime::imports::log`]) come
+//! out as fields of their own: in JSON as members of the line's object (a name the host
+//! uses itself — `timestamp`, `level`, `target`, `message`, `plugin` — gets the prefix
+//! `field.`), in text as `name=value` pairs after the message. The import hands them over
+//! twice: `fields`, the pairs as text (what the text format prints), and [`PLUGIN_FIELDS`],
+//! the same as a JSON object (what the JSON format spreads into the line); each format
+//! drops the other.
 
 use std::fmt;
 

@@ -56,8 +56,9 @@ pub struct HostOptions {
     pub clock: SharedClock,
     /// What answers the `threads` import.
     pub threads: Arc<dyn ThreadsService>,
-    /// The compile cache (precompiled components, see [`crate::runtime::engine`]), which any number
-    /// of data directories and processes may share; `None` compiles on every start.
+    /// The compile cache (precompiled components, see [`crate::runtime::engine`]), which
+    /// any number of data directories and processes may share; `None` compiles on every
+    /// start.
     pub cache_dir: Option<PathBuf>,
     /// `Some` makes a run repeat exactly: every random number a plugin draws (WASI random)
     /// comes from generators seeded with this, and a guest is never made to yield to other

@@ -1,7 +1,7 @@
-//! Turn tasks: each turn runs in its own task, either as a streaming request to the host's own
-//! listener with the thread's route token (the built-in driver) or as an agent CLI with the
-//! route in its environment, watched at the listener ([`crate::operate::tap`]); a cancel or an archive
-//! stops it. The outcome is recorded in the core with its event.
+//! Turn tasks: each turn runs in its own task, either as a streaming request to the host's
+//! own listener with the thread's route token (the built-in driver) or as an agent CLI with
+//! the route in its environment, watched at the listener ([`crate::operate::tap`]); a
+//! cancel or an archive stops it. The outcome is recorded in the core with its event.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -26,11 +26,11 @@
 //! Codex CLI `auth.json`. No answer ever holds a secret: an account shows a `secret_hint`.
 
 use super::{Admin, AdminRequest, ApiError, Fields, Reply};
+use crate::operate::wire::{AccountView, ProviderName, WindowView};
 use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountOptions, AccountStatus, AccountsError, Credential, CredentialKind,
     ExtraUsage, NewAccount, OauthCredential, OptionsChange, UsageWindow,
 };
-use crate::operate::wire::{AccountView, ProviderName, WindowView};
 
 impl From<AccountInfo> for AccountView {
     fn from(a: AccountInfo) -> Self {

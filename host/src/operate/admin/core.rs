@@ -1,7 +1,7 @@
 //! `/_pooler/threads…`: the core's threads, their turns and retry rows, for `pooler thread …`
 //! and `pooler retry send-now|opt-out`. Answered by the host's core
-//! ([`crate::mediation::core_link::CoreLink`], wired in by `Server::with_core`); 503 when the server
-//! runs without one.
+//! ([`crate::mediation::core_link::CoreLink`], wired in by `Server::with_core`); 503 when
+//! the server runs without one.
 //!
 //! | method and path                   | body                        | answer |
 //! |-----------------------------------|-----------------------------|--------|

@@ -12,10 +12,10 @@
 use std::collections::BTreeMap;
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::runtime::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
-use crate::runtime::bindings::types::Provider;
 use crate::operate::overview::{Overview, Problem, RowOverview, ThreadOverview, summarize};
 use crate::operate::wire::{AccountTokensView, AccountView, CandidateView, ProviderName};
+use crate::runtime::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
+use crate::runtime::bindings::types::Provider;
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {

@@ -8,17 +8,20 @@
 //! | `GET /retry/explain/{thread}`  | `{"thread": T, "chains": [chain…]}`, oldest chain first |
 //! | `POST /retry/cancel/{thread}`  | `{"cancelled": candidate}` (as it was before the cancel) |
 //!
-//! The records are those of [`crate::operate::wire`] (`pooler retry explain` renders them). A thread filter that matches
-//! nothing is an empty list (the CLI says "nothing pending"); `explain` of a thread the plugin
-//! never saw and `cancel` of a thread with no open candidate are 404 with a message that says
-//! the thread has nothing pending. The plugin's database or a capability failing is 503.
+//! The records are those of [`crate::operate::wire`] (`pooler retry explain` renders them).
+//! A thread filter that matches nothing is an empty list (the CLI says "nothing pending");
+//! `explain` of a thread the plugin never saw and `cancel` of a thread with no open
+//! candidate are 404 with a message that says the thread has nothing pending. The plugin's
+//! database or a capability failing is 503.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
+use crate::operate::wire::{
+    ActionView, AvailabilityView, CandidateView, ChainView, EntryView, TriggerView,
+};
 use crate::runtime::bindings::retry::exports::pooler::plugins::retry_admin::{
     Action, AdminError, Candidate, CandidateState, ChainHistory, HistoryEntry, Trigger,
 };
 use crate::runtime::bindings::types::{Availability, BlockCause, ChangeCause, UnavailableReason};
-use crate::operate::wire::{ActionView, AvailabilityView, CandidateView, ChainView, EntryView, TriggerView};
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {

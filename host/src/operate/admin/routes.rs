@@ -12,9 +12,11 @@
 //! opened_at}`. The token is the agent's secret: it is only ever in the answer to `POST`.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{Route, RouteSummary, RoutingError};
-use crate::runtime::bindings::types::Provider;
 use crate::operate::wire::{EnvVar, ProviderName, RouteSummaryView, RouteView};
+use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{
+    Route, RouteSummary, RoutingError,
+};
+use crate::runtime::bindings::types::Provider;
 
 impl From<RouteSummary> for RouteSummaryView {
     fn from(r: RouteSummary) -> Self {

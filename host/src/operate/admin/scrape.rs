@@ -1,10 +1,10 @@
-//! `GET /metrics`: the host's metrics ([`crate::operate::metrics::Registry`]) in the Prometheus text
-//! format, for a scraper holding the admin token (`Authorization: Bearer <token>`; 401
-//! otherwise, 405 for another method). Served on the pool's listener, intercepted by the
-//! server before the proxy. Besides the registry's counters and histograms it has one gauge
-//! computed at scrape time, `pooler_accounts{provider,status}`, from the pool's
-//! `accounts.list-accounts` (left out when the pool cannot answer; the scrape still
-//! succeeds).
+//! `GET /metrics`: the host's metrics ([`crate::operate::metrics::Registry`]) in the
+//! Prometheus text format, for a scraper holding the admin token
+//! (`Authorization: Bearer <token>`; 401 otherwise, 405 for another method). Served on the
+//! pool's listener, intercepted by the server before the proxy. Besides the registry's
+//! counters and histograms it has one gauge computed at scrape time,
+//! `pooler_accounts{provider,status}`, from the pool's `accounts.list-accounts` (left out
+//! when the pool cannot answer; the scrape still succeeds).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -10,11 +10,11 @@
 //! percent-encoded. A session with no pin is not an error: `account` is null and `why` says so.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
+use crate::operate::wire::{AttemptView, SessionSummaryView, SessionView};
 use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{
     AttemptOutcome, AttemptRecord, SessionExplanation, SessionSummary,
 };
 use crate::runtime::bindings::types::Provider;
-use crate::operate::wire::{AttemptView, SessionSummaryView, SessionView};
 
 impl From<SessionSummary> for SessionSummaryView {
     fn from(s: SessionSummary) -> Self {

@@ -12,11 +12,11 @@
 //! (durations `250ms`/`20s`/`5m`, fractions `0.98`, booleans `on`/`off`, URLs).
 
 use super::{Admin, AdminRequest, ApiError, Reply};
+use crate::operate::wire::SettingView;
 use crate::runtime::bindings::pool::exports::pooler::plugins::settings as pool_settings;
 use crate::runtime::bindings::retry::exports::pooler::plugins::settings as retry_settings;
 use crate::runtime::imports::http_out::allow::{AllowList, Origin};
 use crate::runtime::roles::Role;
-use crate::operate::wire::SettingView;
 
 /// The key prefix of each role's settings.
 const PREFIXES: [(&str, Role); 2] = [("pool.", Role::AccountPool), ("retry.", Role::ProviderRetry)];

@@ -21,9 +21,9 @@
 use serde_json::{Value, json};
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{QuotaEntry, QuotaEvent};
 use crate::operate::timeline::waiting_periods;
 use crate::operate::wire::{AccountView, ProviderName};
+use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{QuotaEntry, QuotaEvent};
 
 /// The default span: a week's chart.
 pub const DEFAULT_SPAN_MS: u64 = 7 * 24 * 3_600_000;

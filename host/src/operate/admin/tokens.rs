@@ -7,10 +7,10 @@
 //! | `GET /tokens` | `since` (epoch ms, default 0), `thread`, `by` (`account` default, or `thread`) | `{"totals": [total…]}` |
 
 use super::{Admin, AdminRequest, ApiError, Reply};
+use crate::operate::wire::{ProviderName, TokenCountsView, TokenTotalView};
 use crate::runtime::bindings::pool::exports::pooler::plugins::tokens::{
     TokenCounts, TokenGrouping, TokenTotal, TokensError,
 };
-use crate::operate::wire::{ProviderName, TokenCountsView, TokenTotalView};
 
 /// Five hours: the window `pooler status` shows beside today.
 pub const FIVE_HOURS_MS: u64 = 5 * 3_600_000;
