@@ -54,7 +54,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::roles::Role;
+use crate::runtime::roles::Role;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -86,7 +86,7 @@ pub struct AlertsConfig {
     pub webhook: Option<String>,
     /// The webhook body's shape.
     #[serde(default)]
-    pub format: crate::alerts::format::Format,
+    pub format: crate::mediation::alerts::format::Format,
     /// A program and its arguments, run once per window with `{title}`, `{body}`, `{kind}`
     /// … replaced (each argument stays one argument: no shell) and the same values in
     /// `POOLER_ALERT_*` variables.
@@ -142,7 +142,7 @@ impl AlertsConfig {
     /// The webhook as a person may see it: its origin only (the path may be a secret).
     pub fn webhook_shown(&self) -> Option<String> {
         self.webhook.as_deref().map(|url| {
-            crate::imports::http_out::Origin::of_url(url)
+            crate::runtime::imports::http_out::allow::Origin::of_url(url)
                 .map_or_else(|| "(set)".to_string(), |o| format!("{o}/…"))
         })
     }
@@ -151,7 +151,7 @@ impl AlertsConfig {
     pub fn allowed_hosts(&self) -> Vec<String> {
         match (&self.allowed_hosts, &self.webhook) {
             (Some(hosts), _) => hosts.clone(),
-            (None, Some(url)) => crate::imports::http_out::Origin::of_url(url)
+            (None, Some(url)) => crate::runtime::imports::http_out::allow::Origin::of_url(url)
                 .map(|o| vec![o.to_string()])
                 .unwrap_or_default(),
             (None, None) => Vec::new(),
@@ -161,8 +161,8 @@ impl AlertsConfig {
     fn validate(&self) -> anyhow::Result<()> {
         if let Some(url) = &self.webhook {
             // The value is not repeated: it may be a secret.
-            if crate::imports::http_out::Origin::of_url(url).is_none()
-                || crate::imports::http_out::AllowList::check_value(url).is_err()
+            if crate::runtime::imports::http_out::allow::Origin::of_url(url).is_none()
+                || crate::runtime::imports::http_out::allow::AllowList::check_value(url).is_err()
                 || !url.trim().to_ascii_lowercase().starts_with("http")
             {
                 bail!(
@@ -177,10 +177,12 @@ impl AlertsConfig {
                 );
             }
             for arg in command {
-                if let Some(name) = crate::alerts::format::unknown_placeholders(arg).first() {
+                if let Some(name) =
+                    crate::mediation::alerts::format::unknown_placeholders(arg).first()
+                {
                     bail!(
                         "alerts.command has an unknown placeholder `{{{name}}}` (known: {})",
-                        crate::alerts::format::PLACEHOLDERS
+                        crate::mediation::alerts::format::PLACEHOLDERS
                             .map(|p| format!("{{{p}}}"))
                             .join(", ")
                     );
@@ -191,7 +193,7 @@ impl AlertsConfig {
             bail!("alerts.command-timeout-s must be positive");
         }
         for host in self.allowed_hosts.iter().flatten() {
-            if let Err(e) = crate::imports::http_out::parse_entry(host) {
+            if let Err(e) = crate::runtime::imports::http_out::allow::parse_entry(host) {
                 bail!("alerts.allowed-hosts: {e}");
             }
         }
@@ -449,12 +451,13 @@ pub const DEFAULT_POOL_HOSTS: [&str; 4] = [
 pub struct PluginConfig {
     #[serde(default = "default_component")]
     pub component: ComponentSource,
-    /// Where the plugin may send HTTP requests: `host` (https on 443; a loopback host on any
-    /// port, http or https), `host:port` (https; http too on loopback) or
+    /// Where the plugin may send HTTP requests: `host` (https on 443; a loopback host on
+    /// any port, http or https), `host:port` (https; http too on loopback) or
     /// `https://host[:port]` / `http://host[:port]` (plain http only to loopback); see
-    /// [`crate::imports::http_out::parse_entry`]. Default: the real provider endpoints for
-    /// the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for other roles. The origins of
-    /// URL settings a person sets through the admin API are added.
+    /// [`crate::runtime::imports::http_out::allow::parse_entry`]. Default: the real
+    /// provider endpoints for the account-pool role ([`DEFAULT_POOL_HOSTS`]), none for
+    /// other roles. The origins of URL settings a person sets through the admin API are
+    /// added.
     #[serde(default)]
     pub allowed_hosts: Option<Vec<String>>,
     /// The longest a call into the plugin may run (CPU time for HTTP requests, which may
@@ -581,7 +584,7 @@ impl Config {
                 bail!("plugins.{name}.error-body-timeout-ms must be positive");
             }
             for host in plugin.allowed_hosts.iter().flatten() {
-                if let Err(e) = crate::imports::http_out::parse_entry(host) {
+                if let Err(e) = crate::runtime::imports::http_out::allow::parse_entry(host) {
                     bail!("plugins.{name}.allowed-hosts: {e}");
                 }
             }
@@ -770,7 +773,10 @@ mod tests {
         )
         .unwrap();
         assert!(config.alerts.delivers());
-        assert_eq!(config.alerts.format, crate::alerts::format::Format::Slack);
+        assert_eq!(
+            config.alerts.format,
+            crate::mediation::alerts::format::Format::Slack
+        );
         let shown = config.alerts.webhook_shown().unwrap();
         assert!(!shown.contains("SECRETPART"), "{shown}");
         assert_eq!(

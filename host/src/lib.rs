@@ -1,29 +1,50 @@
 //! The Pooler reference host: runs the plugin components (WebAssembly, WIT package
 //! `pooler:plugins@0.1.0`) in wasmtime and gives them what the contract promises.
 //!
+//! The crate is laid out by its three jobs, with the configuration ([`config`]) at the root
+//! because all three read it:
+//!
+//! - [`runtime`]: the wasm runtime. [`runtime::Host`] and every one of its methods, the
+//!   [`runtime::engine`] (component model, epoch deadlines, pooling allocator, on-disk
+//!   compile cache), each store's [`runtime::state`], the [`runtime::roles`] and their
+//!   worlds, the WIT [`runtime::bindings`], the [`runtime::embedded`] components, and the
+//!   [`runtime::imports`] (one module per WIT interface the host provides).
+//! - [`mediation`]: what passes between plugins, always through the host: availability
+//!   queries and changes ([`mediation::mediator`]), the pool's maintenance calls, the link
+//!   to the agent core ([`mediation::core_link`]) and the alerts to a person
+//!   ([`mediation::alerts`]).
+//! - [`operate`]: the operator's surface: the listener ([`operate::server`]), the
+//!   incoming-HTTP driver ([`operate::http_in`]), the admin API ([`operate::admin`]) and its
+//!   wire format ([`operate::wire`]), metrics, overview, timeline and logs.
+//!
+//! The `pooler` command line ([`cli`]) sits beside them: `pooler serve` starts all three,
+//! and the other commands are clients of a running server's admin API ([`operate::wire`],
+//! with the shapes of [`operate::overview`]).
+//!
 //! How it fits together, in the order a request meets it:
 //!
-//! 1. [`config::Config`] says which component fills each [`roles::Role`] (the embedded one
-//!    or a file) and each plugin's allowed hosts, deadline and memory cap.
-//! 2. [`runtime::Host::new`] builds one [`engine`] (component model, epoch deadlines,
-//!    pooling allocator, on-disk compile cache), checks each component's world against its
-//!    role ([`roles::check_world`]) and pre-instantiates it against one linker holding every
-//!    import ([`imports`], one module per WIT interface).
+//! 1. [`config::Config`] says which component fills each [`runtime::roles::Role`] (the
+//!    embedded one or a file) and each plugin's allowed hosts, deadline and memory cap.
+//! 2. [`runtime::Host::new`] builds one [`runtime::engine`], checks each component's world
+//!    against its role ([`runtime::roles::check_world`]) and pre-instantiates it against one
+//!    linker holding every import ([`runtime::imports`]).
 //! 3. Every plugin call ([`runtime::Host::call_pool`], [`runtime::Host::call_retry`]) and
-//!    every HTTP request ([`server`], handed to the pool by [`imports::http_in`]) gets a
-//!    fresh `Store` ([`state::PluginState`]) with a CPU deadline and a memory cap; a trap is
-//!    reported with the plugin id and the call, and the next call starts clean.
-//! 4. Plugins reach each other only through the host ([`mediator`]): availability queries go
-//!    to a fresh pool instance, availability changes are queued and delivered after the
-//!    signalling call returned, and Provider Retry takes one call at a time.
-//! 5. People reach the plugins through the admin API ([`admin`], under `/_pooler/` on the same
-//!    listener) with the `pooler` command line ([`cli`]).
+//!    every HTTP request ([`operate::server`], handed to the pool by [`operate::http_in`])
+//!    gets a fresh `Store` ([`runtime::state::PluginState`]) with a CPU deadline and a
+//!    memory cap; a trap is reported with the plugin id and the call, and the next call
+//!    starts clean.
+//! 4. Plugins reach each other only through the host ([`mediation::mediator`]):
+//!    availability queries go to a fresh pool instance, availability changes are queued and
+//!    delivered after the signalling call returned, and Provider Retry takes one call at a
+//!    time.
+//! 5. People reach the plugins through the admin API ([`operate::admin`], under `/_pooler/`
+//!    on the same listener) with the `pooler` command line ([`cli`]).
 //!
 //! ```no_run
 //! # async fn run() -> anyhow::Result<()> {
 //! use std::sync::Arc;
-//! use pooler_host::{config::Config, runtime::{Host, HostOptions}, server::Server};
-//! use pooler_host::imports::threads::NoCore;
+//! use pooler_host::{config::Config, operate::server::Server, runtime::{Host, HostOptions}};
+//! use pooler_host::runtime::imports::threads::NoCore;
 //!
 //! let host = Host::new(HostOptions {
 //!     config: Config::parse("[plugins.account-pool]\ncomponent = \"pool.wasm\"\n")?,
@@ -38,30 +59,11 @@
 //! # Ok(()) }
 //! ```
 
-pub mod admin;
-pub mod alerts;
-pub mod allocator;
-pub mod bindings;
 pub mod cli;
-pub mod components;
 pub mod config;
-pub mod core_link;
-pub mod data_lock;
-pub mod embedded;
-pub mod engine;
-pub mod imports;
-pub mod logging;
-mod maintenance;
-pub mod mediator;
-pub mod metrics;
-pub mod overview;
-pub mod roles;
+pub mod mediation;
+pub mod operate;
 pub mod runtime;
-pub mod server;
-pub mod state;
-pub mod tap;
-pub mod timeline;
-pub mod wire;
 
 /// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48
 /// has its own error type; its `anyhow` conversion feature is not enabled here).

@@ -397,8 +397,8 @@ impl Agents {
                     (self.watch.get(), self.model.served_by(thread, req.n))
                 {
                     let wit = match provider {
-                        Provider::Claude => pooler_host::bindings::types::Provider::Claude,
-                        Provider::Codex => pooler_host::bindings::types::Provider::Codex,
+                        Provider::Claude => pooler_host::runtime::bindings::types::Provider::Claude,
+                        Provider::Codex => pooler_host::runtime::bindings::types::Provider::Codex,
                     };
                     pins.served(host, wit, session, account, self.clock.now_ms())
                         .await;

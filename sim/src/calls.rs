@@ -3,12 +3,12 @@
 //! through the admin API.
 
 use anyhow::anyhow;
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::runtime::Host;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, Credential, NewAccount, OptionsChange,
 };
-use pooler_host::runtime::Host;
 
-type Pool = pooler_host::bindings::types::Provider;
+type Pool = pooler_host::runtime::bindings::types::Provider;
 
 fn err(what: &str, e: impl std::fmt::Debug) -> anyhow::Error {
     anyhow!("{what}: {e:?}")

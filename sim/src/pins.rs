@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use pooler_host::bindings::types::Provider as WitProvider;
 use pooler_host::runtime::Host;
+use pooler_host::runtime::bindings::types::Provider as WitProvider;
 
 use crate::calls;
 

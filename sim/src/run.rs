@@ -19,14 +19,14 @@ use pooler_core::clock::{Clock, SharedClock, TokioClock};
 use pooler_core::{AgentSpec, Provider};
 use pooler_fake_provider::contract::Contract;
 use pooler_fake_provider::server::FakeUpstream;
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::config::Config;
+use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
+use pooler_host::operate::server::Server;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountStatus, Credential, ExtraUsage, NewAccount, OauthCredential, OptionsChange,
 };
-use pooler_host::bindings::types::Provider as WitProvider;
-use pooler_host::config::Config;
-use pooler_host::core_link::{CoreLink, CoreOptions};
+use pooler_host::runtime::bindings::types::Provider as WitProvider;
 use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
 use tokio::sync::watch;
 
 use crate::agent::{Agents, task_message};

@@ -12,13 +12,15 @@ use std::time::{Duration, Instant};
 use pooler_core::agent::{self, AgentLimits, Cli};
 use pooler_core::clock::SystemClock;
 use pooler_core::{Agent, AgentSpec, Provider, Route, TurnPlan, TurnTrigger};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
-use pooler_host::bindings::types as wit;
 use pooler_host::config::Config;
-use pooler_host::imports::threads::NoCore;
-use pooler_host::roles::Role;
+use pooler_host::operate::server::Server;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
+    Credential, NewAccount,
+};
+use pooler_host::runtime::bindings::types as wit;
+use pooler_host::runtime::imports::threads::NoCore;
+use pooler_host::runtime::roles::Role;
 use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
 use pooler_tests::agents::isolated_binary;
 use pooler_tests::fixtures;
 use pooler_tests::provider::claude;

@@ -23,11 +23,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pooler_core::clock::SystemClock;
-use pooler_host::bindings::types::Provider;
 use pooler_host::config::Config;
-use pooler_host::imports::threads::NoCore;
+use pooler_host::operate::server::Server;
+use pooler_host::runtime::bindings::types::Provider;
+use pooler_host::runtime::imports::threads::NoCore;
 use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
 use pooler_tests::client::TestClient;
 use pooler_tests::fixtures;
 use pooler_tests::upstream::FakeUpstream;
@@ -186,8 +186,8 @@ async fn sqlite_overhead(url: &str, data: &std::path::Path) -> anyhow::Result<()
     let guest_op = guest_best as f64 / f64::from(N);
 
     let dir = data.join("native");
-    let conn =
-        pooler_host::imports::sqlite::open(&dir, "bench").map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let conn = pooler_host::runtime::imports::sqlite::open(&dir, "bench")
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS b (k INTEGER, v TEXT)")?;
     let mut native_best = u128::MAX;
     for _ in 0..5 {

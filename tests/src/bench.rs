@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pooler_core::clock::SystemClock;
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
-use pooler_host::bindings::types::Provider;
 use pooler_host::config::Config;
-use pooler_host::imports::threads::NoCore;
+use pooler_host::operate::server::Server;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
+    Credential, NewAccount,
+};
+use pooler_host::runtime::bindings::types::Provider;
+use pooler_host::runtime::imports::threads::NoCore;
 use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
 
 use crate::client::TestClient;
 use crate::fixtures;
@@ -27,7 +29,7 @@ pub const WORKERS: usize = 2;
 /// Run a benchmark's `main` body on a multi-threaded runtime of [`WORKERS`] threads.
 pub fn run(body: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     // As `pooler`'s main does: the pool child is this binary, not `pooler`.
-    pooler_host::allocator::limit_arenas();
+    pooler_host::runtime::allocator::limit_arenas();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .enable_all()
@@ -76,10 +78,10 @@ pub async fn serve_like_pooler(
 ) -> anyhow::Result<(
     String,
     Host,
-    Arc<pooler_host::core_link::CoreLink>,
+    Arc<pooler_host::mediation::core_link::CoreLink>,
     tokio::sync::oneshot::Sender<()>,
 )> {
-    use pooler_host::core_link::{CoreLink, CoreOptions};
+    use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
     let config = Config::parse(
         "[plugins.account-pool]\ncomponent = \"embedded\"\nallowed-hosts = [\"127.0.0.1\"]\n",
     )?;
@@ -157,7 +159,7 @@ pub async fn configure_pool(host: &Host, url: &str, upstream: &str) -> anyhow::R
 /// until the pool answered a first request (a route token it does not know: 401 from the
 /// pool itself).
 pub async fn start_once(data: &Path, cache: &Path) -> anyhow::Result<Duration> {
-    use pooler_host::core_link::{CoreLink, CoreOptions};
+    use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
     let config = Config::parse("[maintenance]\ninterval-s = 0\n")?;
     let started = Instant::now();
     let clock: pooler_core::clock::SharedClock = Arc::new(SystemClock::new());

@@ -27,18 +27,18 @@ use std::time::Duration;
 
 use pooler_core::clock::{Clock, ManualClock};
 use pooler_core::{Core, Provider, QueuedRow, ThreadShow, TurnRecord};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::config::Config;
+use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
+use pooler_host::operate::server::Server;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, Credential, NewAccount,
 };
-use pooler_host::bindings::retry::exports::pooler::plugins::retry_admin::{
+use pooler_host::runtime::bindings::retry::exports::pooler::plugins::retry_admin::{
     Candidate, ChainHistory,
 };
-use pooler_host::bindings::types as wit;
-use pooler_host::config::Config;
-use pooler_host::core_link::{CoreLink, CoreOptions};
-use pooler_host::roles::Role;
+use pooler_host::runtime::bindings::types as wit;
+use pooler_host::runtime::roles::Role;
 use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 
@@ -491,9 +491,12 @@ impl CoreHost {
         path: &str,
         body: serde_json::Value,
     ) -> (u16, serde_json::Value) {
-        let token =
-            std::fs::read_to_string(self.data.path().join(pooler_host::wire::ADMIN_TOKEN_FILE))
-                .expect("the admin token");
+        let token = std::fs::read_to_string(
+            self.data
+                .path()
+                .join(pooler_host::operate::wire::ADMIN_TOKEN_FILE),
+        )
+        .expect("the admin token");
         let request = hyper::Request::builder()
             .method(method)
             .uri(format!("{}/_pooler/{path}", self.url))

@@ -2,12 +2,14 @@
 //! through the admin API): one wrapper each, returning the plugin's own answer and panicking,
 //! with the call's name, only when the host could not make the call (no pool, a trap).
 
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::runtime::Host;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountsError, NewAccount,
 };
-use pooler_host::bindings::pool::exports::pooler::plugins::settings::{Setting, SettingsError};
-use pooler_host::bindings::types::Provider;
-use pooler_host::runtime::Host;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::settings::{
+    Setting, SettingsError,
+};
+use pooler_host::runtime::bindings::types::Provider;
 
 /// `accounts.add`.
 pub async fn add_account(host: &Host, account: NewAccount) -> Result<AccountInfo, AccountsError> {

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use pooler_core::clock::{Clock, ManualClock, SharedClock, Sleep};
 use pooler_host::config::Config;
-use pooler_host::roles::Role;
+use pooler_host::operate::server::Server;
+use pooler_host::operate::wire::ADMIN_TOKEN_FILE;
+use pooler_host::runtime::roles::Role;
 use pooler_host::runtime::{Host, HostOptions};
-use pooler_host::server::Server;
-use pooler_host::wire::ADMIN_TOKEN_FILE;
 use tempfile::TempDir;
 use tokio::sync::{oneshot, watch};
 

@@ -19,16 +19,20 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Request;
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::operate::wire::{SessionView, TokenTotalView};
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountInfo, AccountsError, Credential, NewAccount, OauthCredential, OptionsChange,
 };
-use pooler_host::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery;
-use pooler_host::bindings::pool::exports::pooler::plugins::routing::{Route, RoutingError};
-use pooler_host::bindings::pool::exports::pooler::plugins::settings::{Setting, SettingsError};
-use pooler_host::bindings::pool::exports::pooler::plugins::tokens::TokenGrouping;
-use pooler_host::bindings::types::{Availability, Provider};
-use pooler_host::roles::Role;
-use pooler_host::wire::{SessionView, TokenTotalView};
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::availability::AvailabilityQuery;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::routing::{
+    Route, RoutingError,
+};
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::settings::{
+    Setting, SettingsError,
+};
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::tokens::TokenGrouping;
+use pooler_host::runtime::bindings::types::{Availability, Provider};
+use pooler_host::runtime::roles::Role;
 
 use crate::client::{Answer, TestClient};
 use crate::harness::{Setup, TestHost};

@@ -3,8 +3,10 @@
 
 use std::sync::Mutex;
 
-use pooler_host::bindings::types::{Provider, QueuedRow, RowKind};
-use pooler_host::imports::threads::{ThreadInfo, ThreadStatus, ThreadsError, ThreadsService};
+use pooler_host::runtime::bindings::types::{Provider, QueuedRow, RowKind};
+use pooler_host::runtime::imports::threads::{
+    ThreadInfo, ThreadStatus, ThreadsError, ThreadsService,
+};
 
 #[derive(Default)]
 pub struct FakeThreads {

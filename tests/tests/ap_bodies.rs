@@ -8,8 +8,8 @@
 //! Every test of this file asserts that nothing in it logged an ERROR (a trapped pool logs
 //! one with its backtrace), so no test here may log one on purpose.
 
-use pooler_host::bindings::pool::exports::pooler::plugins::settings::SettingsError;
-use pooler_host::bindings::types::Provider;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::settings::SettingsError;
+use pooler_host::runtime::bindings::types::Provider;
 use pooler_tests::client::Answer;
 use pooler_tests::logs::logs;
 use pooler_tests::pool::{Pool, PoolSetup, SONNET, claude_body, oauth};

@@ -45,7 +45,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use pooler_core::TurnOutcomeKind;
 use pooler_core::clock::{Clock, ManualClock};
-use pooler_host::bindings::types::Provider;
+use pooler_host::runtime::bindings::types::Provider;
 use pooler_tests::client::TestClient;
 use pooler_tests::core::{CoreHost, CoreSetup};
 use pooler_tests::pool::{api_key, claude_body};

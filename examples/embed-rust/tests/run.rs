@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pooler_host::roles::Role;
+use pooler_host::runtime::roles::Role;
 
 /// Run the example host on `pool` and check its five answers.
 fn assert_the_example_runs(pool: &Path, data: &Path) {
@@ -40,7 +40,7 @@ fn assert_the_example_runs(pool: &Path, data: &Path) {
 fn the_example_host_asks_the_pool_for_availability_before_and_after_adding_an_account() {
     let dir = tempfile::tempdir().unwrap();
     let pool = dir.path().join("account-pool.wasm");
-    let bytes = pooler_host::embedded::component(Role::AccountPool).unwrap();
+    let bytes = pooler_host::runtime::embedded::component(Role::AccountPool).unwrap();
     std::fs::write(&pool, bytes).unwrap();
     assert_the_example_runs(&pool, &dir.path().join("data"));
 }
@@ -70,7 +70,7 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
 fn the_exported_pool_loads_in_the_example_host_and_the_exported_wit_is_the_builds() {
     let dir = tempfile::tempdir().unwrap();
     let export = dir.path().join("export");
-    pooler_host::components::export(&export, false).unwrap();
+    pooler_host::operate::components::export(&export, false).unwrap();
 
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../wit");
     let exported = export.join("wit");

@@ -12,7 +12,7 @@ use super::UsageError;
 use super::client::{ClientArgs, field};
 use super::format::{now_ms, relative, table, when};
 use super::login;
-use crate::wire::{AccountView, ProviderName, percent_encode};
+use crate::operate::wire::{AccountView, ProviderName, percent_encode};
 
 /// Manage the pool's accounts: add, sign in, import, update, list, enable, disable, remove,
 /// refresh, order.

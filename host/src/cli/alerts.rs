@@ -51,7 +51,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 for alert in open {
                     println!(
                         "open since {}: {}",
-                        crate::alerts::model::rfc3339(alert["since"].as_u64().unwrap_or(0)),
+                        crate::mediation::alerts::model::rfc3339(
+                            alert["since"].as_u64().unwrap_or(0)
+                        ),
                         alert["kind"].as_str().unwrap_or("?")
                     );
                 }

@@ -1,6 +1,6 @@
 //! How a command finds and talks to the running server: `DATA_DIR/server.json` (written by
 //! `pooler serve`) says where it listens, `DATA_DIR/admin-token` is the bearer token, and
-//! every call is one JSON request to the admin API ([`crate::admin`]). Both files are
+//! every call is one JSON request to the admin API ([`crate::operate::admin`]). Both files are
 //! trusted only when no one else can have written them, and only a loopback address is
 //! called: the token goes with every call. A refused request becomes an [`ApiFailure`]
 //! whose message is the server's.
@@ -21,7 +21,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
+use crate::operate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
 
 /// The file in the data directory that says where the server listens.
 pub const SERVER_FILE: &str = "server.json";
@@ -49,7 +49,7 @@ impl ClientArgs {
     }
 
     /// Print `value` as JSON when `--json` was given, else run `text` on it with every
-    /// string made visible ([`super::format::visible_json`]): an answer carries text from
+    /// string made visible (`format::visible_json`): an answer carries text from
     /// outside (upstream errors, labels, session ids), and no printer prints it raw.
     pub fn print(
         &self,
@@ -223,7 +223,7 @@ impl Client {
     }
 
     /// One call: `path` is relative to `/_pooler/` (segments already percent-encoded, see
-    /// [`crate::wire::percent_encode`]). A refusal is an [`ApiFailure`].
+    /// [`crate::operate::wire::percent_encode`]). A refusal is an [`ApiFailure`].
     pub async fn call(
         &self,
         method: Method,

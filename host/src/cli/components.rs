@@ -1,10 +1,10 @@
 //! `pooler components …`: the components this binary embeds, handed out for other hosts
-//! ([`crate::components`]). Needs no server and no data directory.
+//! ([`crate::operate::components`]). Needs no server and no data directory.
 
 use std::path::PathBuf;
 
 use super::UsageError;
-use crate::components;
+use crate::operate::components;
 
 /// The plugin components built into this binary, for loading in another host.
 #[derive(Debug, clap::Args)]

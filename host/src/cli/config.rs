@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::client::{ClientArgs, field};
 use super::format::table;
-use crate::wire::{SettingView, percent_encode};
+use crate::operate::wire::{SettingView, percent_encode};
 
 /// Read and change the plugins' settings (`pool.…` Account Pooler, `retry.…` Provider Retry).
 #[derive(Debug, clap::Args)]

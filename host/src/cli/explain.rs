@@ -1,15 +1,15 @@
 //! The rendering in words of Provider Retry's diagnostics for `pooler retry explain`, e.g.
 //! "00:50:16  rescheduled 03:00:23 → 00:50:31 after pool availability changed (account
-//! enabled)". The records themselves are the admin API's ([`crate::wire`], from the plugin's
-//! `retry-admin` export under `/_pooler/retry/…`). Timestamps print as UTC `HH:MM:SS`, and a
-//! chain's heading carries the full date.
+//! enabled)". The records themselves are the admin API's ([`crate::operate::wire`], from
+//! the plugin's `retry-admin` export under `/_pooler/retry/…`). Timestamps print as UTC
+//! `HH:MM:SS`, and a chain's heading carries the full date.
 //!
 //! This is the only renderer: the plugin records its history as data (`Engine::record` and
 //! `store::add_history` in `plugins/provider-retry/src/`; a signal's causes arrive as WIT
-//! `change-cause`s, put in words by `host/src/admin/retry.rs`), so a replacement plugin's
+//! `change-cause`s, put in words by `host/src/operate/admin/retry.rs`), so a replacement plugin's
 //! history reads the same. The tests here pin every trigger and action.
 
-use crate::wire::{ActionView, AvailabilityView, ChainView, EntryView, TriggerView};
+use crate::operate::wire::{ActionView, AvailabilityView, ChainView, EntryView, TriggerView};
 
 /// `HH:MM:SS` (UTC) of a unix-epoch millisecond timestamp.
 pub fn clock_time(ms: u64) -> String {

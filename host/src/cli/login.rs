@@ -106,7 +106,8 @@ pub fn pkce_challenge(verifier: &str) -> String {
 /// `application/x-www-form-urlencoded` body or query string of `pairs`. A space is `%20`
 /// rather than `+` (both mean a space there; `%20` also reads right to a plain URL decoder).
 fn form(pairs: &[(&str, &str)]) -> String {
-    let encode = |text| percent_encoding::utf8_percent_encode(text, crate::wire::COMPONENT);
+    let encode =
+        |text| percent_encoding::utf8_percent_encode(text, crate::operate::wire::COMPONENT);
     pairs
         .iter()
         .map(|(k, v)| format!("{}={}", encode(k), encode(v)))

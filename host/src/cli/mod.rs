@@ -107,16 +107,16 @@ pub struct UsageError(pub String);
 /// Parse the command line and run it.
 pub fn main() -> ExitCode {
     // Before any thread starts (the runtime's, the compiler's).
-    crate::allocator::limit_arenas();
+    crate::runtime::allocator::limit_arenas();
     // Usage errors exit 2, --help and --version 0 (clap's convention).
     let cli = Cli::parse();
     // `serve` logs at info; a client command only says what went wrong.
     let (format, level, default_filter) = match &cli.command {
         Command::Serve(args) => (args.log_format, args.log_level.as_deref(), "info"),
-        _ => (crate::logging::LogFormat::Text, None, "warn"),
+        _ => (crate::operate::logging::LogFormat::Text, None, "warn"),
     };
-    match crate::logging::filter(level, default_filter) {
-        Ok(filter) => crate::logging::init(format, filter),
+    match crate::operate::logging::filter(level, default_filter) {
+        Ok(filter) => crate::operate::logging::init(format, filter),
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
@@ -201,7 +201,7 @@ fn platform_data_dir() -> Option<PathBuf> {
 }
 
 /// The compile cache `pooler serve` uses (precompiled components, shared by every data
-/// directory; see [`crate::engine`]): `--compile-cache`, else `$POOLER_CACHE_DIR`, else
+/// directory; see [`crate::runtime::engine`]): `--compile-cache`, else `$POOLER_CACHE_DIR`, else
 /// `[server] compile-cache`, else `pooler` in the platform's cache directory
 /// (`$XDG_CACHE_HOME`, `~/.cache`; `~/Library/Caches` on macOS; `%LOCALAPPDATA%` on
 /// Windows), else — with no home directory — `DATA_DIR/cache`.

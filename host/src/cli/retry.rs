@@ -18,7 +18,7 @@ use serde_json::json;
 use super::explain::render;
 use super::client::{ClientArgs, field};
 use super::format::{now_ms, table, when};
-use crate::wire::{CandidateView, ChainView, percent_encode};
+use crate::operate::wire::{CandidateView, ChainView, percent_encode};
 
 /// See, explain, cancel, override or switch off a thread's automatic retries.
 #[derive(Debug, clap::Args)]

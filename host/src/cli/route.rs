@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::client::{ClientArgs, field};
 use super::format::{iso, now_ms, relative, shell_quote, table};
-use crate::wire::{ProviderName, RouteSummaryView, RouteView, percent_encode};
+use crate::operate::wire::{ProviderName, RouteSummaryView, RouteView, percent_encode};
 
 /// Open, list and close the routes threads' agents reach the pool through.
 #[derive(Debug, clap::Args)]
@@ -143,7 +143,7 @@ fn route_table(routes: &[RouteSummaryView], now: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::EnvVar;
+    use crate::operate::wire::EnvVar;
 
     #[test]
     fn codex_routes_print_variables_then_comments() {

@@ -2,7 +2,7 @@
 //! the maintenance tick, and stop cleanly on SIGINT/SIGTERM. While it serves, the data
 //! directory holds `server.json` (where it listens, its pid; 0600), which the other commands
 //! read to find it; a clean exit removes it. It also holds the lock on `DATA_DIR/lock`
-//! ([`crate::data_lock`]): a second server on the same directory is refused.
+//! ([`crate::runtime::data_lock`]): a second server on the same directory is refused.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,11 +13,12 @@ use anyhow::Context;
 
 use super::client::ServerFile;
 use crate::config::Config;
-use crate::core_link::{CoreLink, CoreOptions};
-use crate::data_lock::DataDirLock;
+use crate::mediation::core_link::{CoreLink, CoreOptions};
+use crate::operate::logging::LogFormat;
+use crate::operate::server::Server;
+use crate::operate::wire::ADMIN_TOKEN_FILE;
+use crate::runtime::data_lock::DataDirLock;
 use crate::runtime::{Host, HostOptions};
-use crate::server::Server;
-use crate::wire::ADMIN_TOKEN_FILE;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
@@ -47,8 +48,8 @@ pub struct ServeArgs {
     pub data_dir: Option<PathBuf>,
     /// How log lines are written to standard error: `text`, or `json` (one object per line,
     /// a plugin's fields as members of their own).
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = crate::logging::LogFormat::Text)]
-    pub log_format: crate::logging::LogFormat,
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Which log lines are written: a level (`trace`, `debug`, `info`, `warn`, `error`, `off`)
     /// or a filter such as `info,pooler::plugin=debug`. Default: $RUST_LOG, else `info`.
     /// Secrets are never logged, at any level.
@@ -115,7 +116,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     println!("data directory: {}", data_dir.display());
     println!("admin token: {}", data_dir.join(ADMIN_TOKEN_FILE).display());
     println!("compile cache: {}", compile_cache.display());
-    for role in crate::roles::Role::ALL {
+    for role in crate::runtime::roles::Role::ALL {
         match host.plugin_source(role) {
             Some(source) => println!("plugin {role}: {source}"),
             None => println!("plugin {role}: none"),

@@ -5,7 +5,7 @@ use clap::Subcommand;
 
 use super::client::{ClientArgs, field};
 use super::format::{iso, now_ms, relative, table, when};
-use crate::wire::{ProviderName, SessionSummaryView, SessionView, percent_encode};
+use crate::operate::wire::{ProviderName, SessionSummaryView, SessionView, percent_encode};
 
 /// List the sessions (conversations) the pool has pinned, and explain where one is pinned,
 /// why, and its latest attempts.

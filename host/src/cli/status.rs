@@ -1,6 +1,6 @@
 //! `pooler status`: one screen that answers "is my pool healthy, and are my threads
 //! moving?", from the admin API's `GET /_pooler/overview` (the snapshot the status page
-//! shows too, [`crate::overview`]).
+//! shows too, [`crate::operate::overview`]).
 //!
 //! The screen is [`render`]: a pure function of the snapshot, the time to count from, and
 //! the [`Style`] (colour or not, the local UTC offset), so it is tested with fixed inputs.
@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use super::UsageError;
 use super::client::ClientArgs;
-use crate::overview::{Overview, Serving};
-use crate::wire::{AccountView, AvailabilityView, TokenCountsView};
+use crate::operate::overview::{Overview, Serving};
+use crate::operate::wire::{AccountView, AvailabilityView, TokenCountsView};
 
 /// Is the pool healthy, and are the threads moving? Providers, accounts, threads and their
 /// retries on one screen.
@@ -511,8 +511,10 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::overview::{Problem, ProviderOverview, RowOverview, ThreadOverview, summarize};
-    use crate::wire::{AccountTokensView, CandidateView, ProviderName, WindowView};
+    use crate::operate::overview::{
+        Problem, ProviderOverview, RowOverview, ThreadOverview, summarize,
+    };
+    use crate::operate::wire::{AccountTokensView, CandidateView, ProviderName, WindowView};
 
     const NOW: u64 = 1_764_650_000_000; // 2025-12-02T04:33:20Z
     const MIN: u64 = 60_000;

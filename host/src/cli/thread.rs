@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::client::ClientArgs;
 use super::format::{iso, now_ms, table, when};
-use crate::wire::{ProviderName, percent_encode};
+use crate::operate::wire::{ProviderName, percent_encode};
 
 /// Create threads, send them messages, and see their turns and queued retries.
 #[derive(Debug, clap::Args)]
@@ -279,7 +279,7 @@ fn show_text(answer: &Value, now: u64) -> String {
             out.push_str("  none recorded\n");
         }
         for t in totals {
-            let counts: crate::wire::TokenCountsView =
+            let counts: crate::operate::wire::TokenCountsView =
                 serde_json::from_value(t["counts"].clone()).unwrap_or_default();
             out.push_str(&format!(
                 "  {} {}  {}\n",

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use pooler_host::roles::Role;
+use pooler_host::runtime::roles::Role;
 
 fn pooler(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pooler"))
@@ -36,7 +36,7 @@ fn export_writes_the_embedded_components_and_refuses_a_used_directory_without_fo
     for role in Role::ALL {
         let file = std::fs::read(dir.join(format!("{role}.wasm"))).unwrap();
         assert!(
-            file == pooler_host::embedded::component(role).unwrap(),
+            file == pooler_host::runtime::embedded::component(role).unwrap(),
             "{role}"
         );
     }
@@ -71,7 +71,7 @@ fn export_writes_the_embedded_components_and_refuses_a_used_directory_without_fo
         "{answer}"
     );
     let pool = std::fs::read(dir.join("account-pool.wasm")).unwrap();
-    assert!(pool == pooler_host::embedded::component(Role::AccountPool).unwrap());
+    assert!(pool == pooler_host::runtime::embedded::component(Role::AccountPool).unwrap());
 
     // A path under a file cannot be created: exit 1, naming the path.
     let below = dir.join("README.md").join("sub");

@@ -118,7 +118,8 @@ fn a_host_killed_between_claim_and_dispatch_dispatches_the_row_exactly_once_afte
     // The fixture's gate blocks the first time it is asked (after switching itself to
     // `proceed` for the next run); it schedules nothing itself.
     {
-        let db = pooler_host::imports::sqlite::open(&fixture_dir(&data), "fixture").unwrap();
+        let db =
+            pooler_host::runtime::imports::sqlite::open(&fixture_dir(&data), "fixture").unwrap();
         db.execute_batch(
             "CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
              INSERT INTO kv VALUES ('verdict', 'hang-once'), ('schedule', 'off');",

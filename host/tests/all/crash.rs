@@ -446,7 +446,7 @@ fn an_event_pending_delivery_at_the_kill_is_delivered_after_the_restart() {
     let data = dir.path().join("data");
     let plugin = data.join("plugins").join("provider-retry");
     std::fs::create_dir_all(&plugin).unwrap();
-    pooler_host::imports::sqlite::open(&plugin, "fixture")
+    pooler_host::runtime::imports::sqlite::open(&plugin, "fixture")
         .unwrap()
         .execute_batch(
             "CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -151,7 +151,7 @@ pub fn stored_cause(s: &str) -> Option<ChangeCause> {
 
 /// The cause in words ("account enabled"): how the history stored a signal's causes
 /// before it stored names, so [`stored_cause`] still reads them. The host puts the
-/// WIT cause in the same words (`host/src/admin/retry.rs`).
+/// WIT cause in the same words (`host/src/operate/admin/retry.rs`).
 pub fn cause_words(cause: ChangeCause) -> &'static str {
     match cause {
         ChangeCause::AccountAdded => "account added",

@@ -9,8 +9,10 @@ use std::time::Duration;
 use pooler_core::agent::Cli;
 use pooler_core::{Agent, AgentSpec, FailureCategory, FailureOrigin, Provider, ThreadStatus};
 use pooler_core::{TurnOutcomeKind, TurnTrigger};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{AccountInfo, NewAccount};
-use pooler_host::bindings::types as wit;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
+    AccountInfo, NewAccount,
+};
+use pooler_host::runtime::bindings::types as wit;
 use pooler_tests::agents::{isolated_binary, occurrences};
 use pooler_tests::core::{CoreHost, CoreSetup};
 use pooler_tests::pool::oauth;

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use pooler_host::alerts::model::AlertKind;
+use pooler_host::mediation::alerts::model::AlertKind;
 use pooler_tests::pool::{Pool, PoolSetup, SOON, api_key};
 use pooler_tests::provider::claude;
 use pooler_tests::upstream::{FakeUpstream, Gate, Received, Reply};
@@ -415,7 +415,7 @@ async fn a_thread_whose_retries_ended_alerts_once_and_closes_when_it_runs_again(
 /// others serving again (the reset passed) closes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_last_resort_account_taking_over_alerts_once_and_closes_when_others_serve() {
-    use pooler_host::bindings::pool::exports::pooler::plugins::accounts::OptionsChange;
+    use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::OptionsChange;
     let pool = PoolSetup::claude_keys(2).start().await;
     let host = &pool.host.host;
     pool.update_options(

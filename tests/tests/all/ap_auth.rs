@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::AccountStatus;
-use pooler_host::bindings::types::Provider;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::AccountStatus;
+use pooler_host::runtime::bindings::types::Provider;
 use pooler_tests::harness::START_MS;
 use pooler_tests::pool::{Pool, PoolSetup, SOON, oauth, reply};
 use pooler_tests::upstream::{Gate, Reply};

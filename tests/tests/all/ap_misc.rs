@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountStatus, AccountsError, Credential,
 };
-use pooler_host::bindings::pool::exports::pooler::plugins::routing::RoutingError;
-use pooler_host::bindings::pool::exports::pooler::plugins::settings::SettingsError;
-use pooler_host::bindings::types::Provider;
-use pooler_host::roles::Role;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::routing::RoutingError;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::settings::SettingsError;
+use pooler_host::runtime::bindings::types::Provider;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::harness::START_MS;
 use pooler_tests::pool::{Pool, PoolSetup, SOON, five_hour_rejected, oauth, reply};
 use pooler_tests::provider::{claude, codex};
@@ -530,7 +530,7 @@ async fn ap23_admin_refuses_bad_orders_and_settings_and_never_shows_a_secret() {
     );
     assert!(text.contains("unknown nope"), "{text}");
     let order = |list: Vec<
-        pooler_host::bindings::pool::exports::pooler::plugins::accounts::AccountInfo,
+        pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::AccountInfo,
     >| {
         list.into_iter()
             .map(|a| (a.id, a.priority))

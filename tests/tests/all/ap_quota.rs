@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::AccountStatus;
-use pooler_host::bindings::types::Availability;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::AccountStatus;
+use pooler_host::runtime::bindings::types::Availability;
 use pooler_tests::harness::START_MS;
 use pooler_tests::pool::{OPUS, Pool, SONNET, THREAD, five_hour_rejected, reply};
 use pooler_tests::upstream::Reply;

@@ -212,7 +212,7 @@ async fn ap4_a_refused_api_key_moves_the_session_for_good() {
     let a = pool.account("A").await;
     assert_eq!(
         a.status,
-        pooler_host::bindings::pool::exports::pooler::plugins::accounts::AccountStatus::Error
+        pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::AccountStatus::Error
     );
     assert!(a.error.unwrap().contains("refused the API key"));
 

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     AccountStatus, ExtraUsage, OptionsChange,
 };
 use pooler_tests::harness::START_MS;
@@ -299,14 +299,14 @@ async fn an_extra_usage_deny_account_whose_family_window_is_spent_is_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_extra_usage_fails_over_and_refuses_the_family() {
     let far = Some(START_MS + 30 * 86_400_000);
-    let pool = PoolSetup::new(pooler_host::bindings::types::Provider::Claude)
+    let pool = PoolSetup::new(pooler_host::runtime::bindings::types::Provider::Claude)
         .account(oauth(
-            pooler_host::bindings::types::Provider::Claude,
+            pooler_host::runtime::bindings::types::Provider::Claude,
             "A",
             far,
         ))
         .account(oauth(
-            pooler_host::bindings::types::Provider::Claude,
+            pooler_host::runtime::bindings::types::Provider::Claude,
             "B",
             far,
         ))

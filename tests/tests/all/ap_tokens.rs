@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use pooler_host::bindings::types::Provider;
-use pooler_host::wire::{
+use pooler_host::operate::wire::{
     ProviderName, TokenCountsView as TokenCounts, TokenTotalView as TokenTotal,
 };
+use pooler_host::runtime::bindings::types::Provider;
 use pooler_tests::pool::{Pool, PoolSetup, THREAD, api_key, five_hour_rejected, oauth, reply};
 use pooler_tests::provider::{PromptCache, Usage, claude, codex};
 

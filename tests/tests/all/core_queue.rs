@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use pooler_core::{ThreadStatus, TurnOutcomeKind};
-use pooler_host::imports::threads::ThreadsError;
+use pooler_host::runtime::imports::threads::ThreadsError;
 use pooler_tests::core::{CoreHost, CoreSetup, SOON, failure, success};
 use pooler_tests::upstream::{Gate, Reply};
 

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pooler_host::embedded;
-use pooler_host::roles::Role;
+use pooler_host::runtime::embedded;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::provider::{Contract, claude};
 use pooler_tests::upstream::FakeUpstream;
 use serde_json::{Value, json};

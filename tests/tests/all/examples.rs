@@ -2,7 +2,7 @@
 //! own test in `examples/embed-rust/tests/`).
 
 use pooler_core::TurnOutcomeKind;
-use pooler_host::roles::Role;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::core::CoreSetup;
 use pooler_tests::fixtures::EXAMPLE_ALT_PLUGIN;
 use pooler_tests::pool::reply;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
 use pooler_core::TurnOutcomeKind;
-use pooler_host::roles::Role;
 use pooler_host::runtime::CallError;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::client::TestClient;
 use pooler_tests::core::{CoreSetup, success};
 use pooler_tests::fixtures;

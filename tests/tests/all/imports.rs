@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, StatusCode};
 use pooler_core::clock::Clock;
-use pooler_host::roles::Role;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::client::TestClient;
 use pooler_tests::fixtures;
 use pooler_tests::harness::{START_MS, Setup, TestHost};
@@ -216,7 +216,7 @@ async fn with_no_allowed_hosts_every_outbound_request_is_refused() {
 /// wasi:http's `between-bytes-timeout` is honoured: a response body that stalls ends in
 /// `connection-read-timeout` for the guest, which answers normally. Network deadlines run on
 /// real time (they bound real sockets), so this one is short; its timing is covered with
-/// paused time in the host's unit tests (`imports::http_out`).
+/// paused time in the host's unit tests (`imports::http_out::client`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_response_body_times_out_between_bytes_as_the_guest_asked() {
     let upstream = FakeUpstream::start().await;

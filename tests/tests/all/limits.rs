@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
-use pooler_host::roles::Role;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::client::TestClient;
 use pooler_tests::fixtures;
 use pooler_tests::harness::{Setup, TestHost};

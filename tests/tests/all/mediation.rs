@@ -2,11 +2,11 @@
 //! availability changes coalesced and delivered after the signalling call returned, at least
 //! once; and the `threads` import reaching the core's service with the caller's id.
 
-use pooler_host::bindings::retry::exports::pooler::plugins::scheduler::DispatchVerdict;
-use pooler_host::bindings::retry::exports::pooler::plugins::turn_events::TurnFailedEvent;
-use pooler_host::bindings::types::Provider;
-use pooler_host::imports::threads::ThreadStatus;
-use pooler_host::roles::Role;
+use pooler_host::runtime::bindings::retry::exports::pooler::plugins::scheduler::DispatchVerdict;
+use pooler_host::runtime::bindings::retry::exports::pooler::plugins::turn_events::TurnFailedEvent;
+use pooler_host::runtime::bindings::types::Provider;
+use pooler_host::runtime::imports::threads::ThreadStatus;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::fixtures;
 use pooler_tests::harness::{START_MS, Setup, TestHost};
 
@@ -155,13 +155,13 @@ async fn a_plugin_call_that_traps_names_the_plugin_and_the_call_and_the_next_cal
     host.set_setting(Role::ProviderRetry, "listener-trap", "armed")
         .await
         .unwrap();
-    let change = pooler_host::bindings::types::AvailabilityChange {
+    let change = pooler_host::runtime::bindings::types::AvailabilityChange {
         provider: Provider::Codex,
-        causes: vec![pooler_host::bindings::types::ChangeCause::ConfigChanged],
-        earliest: pooler_host::bindings::types::Availability::Ready,
+        causes: vec![pooler_host::runtime::bindings::types::ChangeCause::ConfigChanged],
+        earliest: pooler_host::runtime::bindings::types::Availability::Ready,
         detected_at: START_MS,
     };
-    let call = |change: pooler_host::bindings::types::AvailabilityChange| {
+    let call = |change: pooler_host::runtime::bindings::types::AvailabilityChange| {
         host.host.call_retry(
             "availability-listener.availability-changed",
             move |store, retry| {

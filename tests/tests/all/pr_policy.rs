@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use pooler_core::{FailureCategory, FailureOrigin, Provider, ThreadStatus, TurnOutcomeKind};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
     Credential, NewAccount, OauthCredential,
 };
-use pooler_host::bindings::retry::exports::pooler::plugins::retry_admin::{
+use pooler_host::runtime::bindings::retry::exports::pooler::plugins::retry_admin::{
     Action, ChainHistory, HistoryEntry, Trigger,
 };
-use pooler_host::bindings::types as wit;
+use pooler_host::runtime::bindings::types as wit;
 use pooler_tests::core::{CoreHost, CoreSetup, success};
 use pooler_tests::pool::reply;
 use pooler_tests::upstream::Reply;
@@ -458,7 +458,7 @@ async fn pr_11_a_due_row_waits_for_a_free_slot() {
 /// refused too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pr_12_one_live_row_per_chain() {
-    use pooler_host::imports::threads::ThreadsError;
+    use pooler_host::runtime::imports::threads::ThreadsError;
     let h = CoreSetup::new().real_retry().start().await;
     let service = h.link.threads_service();
 
@@ -727,7 +727,7 @@ async fn pr_17_a_failed_delivery_is_redelivered_and_scheduled_once() {
     // The core keeps the event, its failed deliveries counted.
     let pending = h
         .core()
-        .pending_events(pooler_host::core_link::SUBSCRIBER, 10)
+        .pending_events(pooler_host::mediation::core_link::SUBSCRIBER, 10)
         .unwrap();
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert!(pending[0].failed_deliveries >= 1, "{pending:?}");
@@ -759,7 +759,7 @@ async fn pr_17_a_failed_delivery_is_redelivered_and_scheduled_once() {
     assert_eq!((row.attempt, &row.original_request), (2, &first));
     assert!(
         h.core()
-            .pending_events(pooler_host::core_link::SUBSCRIBER, 10)
+            .pending_events(pooler_host::mediation::core_link::SUBSCRIBER, 10)
             .unwrap()
             .is_empty()
     );

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use pooler_core::{ThreadStatus, TurnOutcomeKind, TurnTrigger};
-use pooler_host::bindings::retry::exports::pooler::plugins::retry_admin::{
+use pooler_host::runtime::bindings::retry::exports::pooler::plugins::retry_admin::{
     Action, ChainHistory, Trigger,
 };
 use pooler_tests::core::{API_KEY, CoreHost, CoreSetup, success};
@@ -44,7 +44,7 @@ async fn blocked_turn(h: &CoreHost, reset: u64) -> (String, String) {
 /// The entries of the one chain of `thread`.
 fn entries(
     histories: &[ChainHistory],
-) -> &[pooler_host::bindings::retry::exports::pooler::plugins::retry_admin::HistoryEntry] {
+) -> &[pooler_host::runtime::bindings::retry::exports::pooler::plugins::retry_admin::HistoryEntry] {
     assert_eq!(histories.len(), 1, "one chain: {histories:?}");
     &histories[0].entries
 }
@@ -259,7 +259,7 @@ async fn pr_3_all_accounts_errored_is_watched_until_an_account_is_enabled() {
     assert_eq!(candidates.len(), 1, "{candidates:?}");
     assert!(matches!(
         candidates[0].state,
-        pooler_host::bindings::retry::exports::pooler::plugins::retry_admin::CandidateState::Watching
+        pooler_host::runtime::bindings::retry::exports::pooler::plugins::retry_admin::CandidateState::Watching
     ));
     assert_eq!(candidates[0].reason, "pool-unavailable(authentication)");
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, StatusCode};
-use pooler_host::roles::Role;
+use pooler_host::runtime::roles::Role;
 use pooler_tests::client::TestClient;
 use pooler_tests::fixtures;
 use pooler_tests::harness::{Setup, TestHost};

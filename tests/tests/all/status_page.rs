@@ -25,8 +25,10 @@
 use std::time::Duration;
 
 use pooler_core::{ThreadStatus, TurnTrigger};
-use pooler_host::bindings::pool::exports::pooler::plugins::accounts::{Credential, NewAccount};
-use pooler_host::bindings::types::Provider;
+use pooler_host::runtime::bindings::pool::exports::pooler::plugins::accounts::{
+    Credential, NewAccount,
+};
+use pooler_host::runtime::bindings::types::Provider;
 use pooler_tests::core::{API_KEY, CoreSetup, success};
 use pooler_tests::pool::reply;
 use pooler_tests::provider::claude;

@@ -1,0 +1,411 @@
+//! The admin API on the wire: what the server ([`crate::operate::admin`]) and its client, the
+//! `pooler` command line ([`crate::cli`]), both speak — the path prefix, the token file, the
+//! origin header, path-segment percent-encoding and every JSON view. The server converts
+//! plugin records into these views; the CLI reads them. Neither end owns them, so the CLI
+//! is a pure client of this module and the server never depends on its client.
+//!
+//! Conventions: timestamps are unix epoch milliseconds (UTC); field names are `snake_case`;
+//! enum values are the WIT case names. The Provider Retry views mirror the WIT records of
+//! `wit/retry-admin.wit` one to one, each variant as an object whose `kind` is the case name
+//! (`{"kind": "rescheduled", "from": …, "to": …}`).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// The admin API's path prefix.
+pub const ADMIN_PREFIX: &str = "/_pooler/";
+/// The admin token's file name in the data directory.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+/// The header that marks a response the pool or the host made itself, not the upstream
+/// provider (`x-pooler-origin: pool`): the core's, which reads it when it classifies a turn.
+pub use pooler_core::classify::POOL_ORIGIN_HEADER as ORIGIN_HEADER;
+
+/// `http://<addr>`, with the loopback address when the server listens on every address: the
+/// URL agents reach a server at (routes are opened with it, the core sends its turns to it).
+pub fn endpoint_url(addr: SocketAddr) -> String {
+    let mut addr = addr;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    format!("http://{addr}")
+}
+
+/// Every byte but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`): safe in a path
+/// segment, a query component and a form field alike.
+pub const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encode a path segment (everything but unreserved characters).
+pub fn percent_encode(segment: &str) -> String {
+    percent_encoding::utf8_percent_encode(segment, COMPONENT).to_string()
+}
+
+/// A provider as the admin API and the CLI spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderName {
+    /// Anthropic (Claude Code).
+    Claude,
+    /// OpenAI (Codex CLI).
+    Codex,
+}
+
+impl ProviderName {
+    pub fn parse(text: &str) -> Option<ProviderName> {
+        match text {
+            "claude" => Some(ProviderName::Claude),
+            "codex" => Some(ProviderName::Codex),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderName::Claude => "claude",
+            ProviderName::Codex => "codex",
+        }
+    }
+}
+
+impl std::fmt::Display for ProviderName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// Accounts (`/_pooler/accounts…`).
+
+/// An account as the admin API shows it. Contains no secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountView {
+    pub id: String,
+    pub provider: ProviderName,
+    /// `api-key` or `oauth`.
+    pub kind: String,
+    pub label: String,
+    pub priority: i32,
+    pub enabled: bool,
+    /// `disabled`, `error`, `held`, `exhausted`, `near-limit` or `ready`.
+    pub status: String,
+    /// `…abcd` for an API key, `oauth` for OAuth.
+    pub secret_hint: String,
+    pub created_at: u64,
+    pub last_used_at: Option<u64>,
+    pub error: Option<String>,
+    pub held_until: Option<u64>,
+    pub needs_sign_in: bool,
+    pub token_expires_at: Option<u64>,
+    pub windows: Vec<WindowView>,
+    /// When a blocked account serves again, when known.
+    pub blocking_reset: Option<u64>,
+    /// Used only when no other account of the provider is eligible.
+    #[serde(default)]
+    pub last_resort: bool,
+    /// `allow` or `deny`: whether paid extra usage may cover a spent window.
+    #[serde(default = "deny")]
+    pub extra_usage: String,
+    /// The most requests in flight at once; 0: no limit.
+    #[serde(default)]
+    pub max_in_flight: u32,
+    /// The weekly utilization from which it takes no new conversation while another
+    /// account can; 1: no ceiling.
+    #[serde(default = "no_ceiling")]
+    pub preserve: f64,
+}
+
+fn deny() -> String {
+    "deny".to_owned()
+}
+
+fn no_ceiling() -> f64 {
+    1.0
+}
+
+impl AccountView {
+    /// The options that differ from the defaults, in words (`last-resort`, `extra usage
+    /// allowed`, `≤ 4 in flight`, `preserve 80%`); empty when none does.
+    pub fn option_words(&self) -> Vec<String> {
+        let mut words = Vec::new();
+        if self.last_resort {
+            words.push("last-resort".to_owned());
+        }
+        if self.extra_usage == "allow" {
+            words.push("extra usage allowed".to_owned());
+        }
+        if self.max_in_flight > 0 {
+            words.push(format!("≤ {} in flight", self.max_in_flight));
+        }
+        if self.preserve < 1.0 {
+            words.push(format!("preserve {:.0}%", self.preserve * 100.0));
+        }
+        words
+    }
+}
+
+/// One observed quota window of an account.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowView {
+    pub name: String,
+    pub family: Option<String>,
+    /// 0..=1.
+    pub utilization: Option<f64>,
+    pub resets_at: Option<u64>,
+    pub status: Option<String>,
+    pub blocking: bool,
+    pub observed_at: u64,
+}
+
+// Routes (`/_pooler/routes…`).
+
+/// A route as the admin API shows it, once, to whoever opened it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteView {
+    pub thread: String,
+    pub provider: ProviderName,
+    pub base_url: String,
+    /// The route's secret token.
+    pub token: String,
+    /// Environment variables the agent needs, in order.
+    pub env: Vec<EnvVar>,
+    /// Extra command-line arguments the agent needs (Codex CLI's `-c …` flags).
+    pub args: Vec<String>,
+    /// The same configuration as `config.toml` lines (Codex CLI).
+    pub config_lines: Vec<String>,
+    pub opened_at: u64,
+}
+
+/// An open route as `GET /routes` lists it: no token (the pool keeps only its hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteSummaryView {
+    pub thread: String,
+    pub provider: ProviderName,
+    /// When the route was (last) opened.
+    pub opened_at: u64,
+}
+
+/// One environment variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    pub name: String,
+    pub value: String,
+}
+
+// Sessions (`/_pooler/sessions…`).
+
+/// Where a session is pinned and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub provider: ProviderName,
+    /// The session key as the pool stores it.
+    pub key: String,
+    /// The pinned account, when a fresh pin exists.
+    pub account: Option<String>,
+    /// The thread whose route made the pin, when known.
+    pub thread: Option<String>,
+    pub last_used_at: Option<u64>,
+    pub expires_at: Option<u64>,
+    pub why: String,
+    /// The latest attempts, newest last.
+    pub recent: Vec<AttemptView>,
+}
+
+/// A pinned session as `GET /sessions` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSummaryView {
+    pub provider: ProviderName,
+    /// The session key as the pool stores it (what `session explain` takes).
+    pub key: String,
+    /// The account it is pinned on.
+    pub account: String,
+    /// The thread whose route made the pin, when known.
+    pub thread: Option<String>,
+    pub last_used_at: u64,
+    pub expires_at: u64,
+    /// The first request of the session is still in flight.
+    pub provisional: bool,
+}
+
+/// One upstream attempt of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub at: u64,
+    pub account: String,
+    /// The upstream status; null for a transport failure.
+    pub status: Option<u16>,
+    /// The WIT `attempt-outcome` case's name: `served`, `detour`, `passed-through`,
+    /// `transient`, `hold`, `quota`, `family`, `auth` or `cancelled`.
+    pub outcome: String,
+}
+
+// Settings (`/_pooler/settings…`).
+
+/// One setting as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingView {
+    /// With its role prefix (`pool.switch-threshold`).
+    pub key: String,
+    pub value: String,
+    pub default: String,
+    pub description: String,
+}
+
+// Provider Retry's diagnostics (`/_pooler/retry…`).
+
+/// An open candidate: a chain with a live retry row or a watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidateView {
+    pub thread: String,
+    /// The chain's original request.
+    pub original_request: String,
+    /// The chain's latest failed request.
+    pub failed_request: String,
+    /// `scheduled` (a live row) or `watching` (declined for now, revisited on every
+    /// re-evaluation).
+    pub state: String,
+    /// The live row, when scheduled.
+    pub row: Option<u64>,
+    /// When the row is due, when scheduled.
+    pub send_at: Option<u64>,
+    /// The attempt the next dispatch will carry.
+    pub next_attempt: u32,
+    /// Why it is in this state.
+    pub reason: String,
+    /// When the chain first failed (T0).
+    pub chain_started_at: u64,
+}
+
+/// What set off an entry of the history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum TriggerView {
+    /// A `turn-failed` event.
+    Failure,
+    /// An `availability-changed` signal; `causes` lists what changed in words, joined
+    /// with ", " ("account enabled, hold ended"); empty when the plugin sent none.
+    Signal { causes: String },
+    /// `on-start`.
+    Start,
+    /// `on-tick`.
+    Tick,
+    /// `before-dispatch` of the due row.
+    Due,
+    /// A person (cancel, send-now).
+    Person,
+    /// The turn was dispatched by the core (seen on the next event).
+    Dispatch,
+}
+
+/// What was done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum ActionView {
+    /// A row was created for this send time.
+    Scheduled { at: u64 },
+    /// The row moved from one send time to another.
+    Rescheduled { from: u64, to: u64 },
+    /// Declined for now, kept open.
+    Watching,
+    /// Declined for good.
+    Declined,
+    /// The row was removed without dispatch.
+    Dropped,
+    /// The row was (or will be) dispatched as this attempt.
+    Dispatched { attempt: u32 },
+    /// The candidate was closed (succeeded, stale, expired, cancelled).
+    Resolved,
+    /// Nothing changed (the decision stands).
+    Unchanged,
+}
+
+/// The pool's availability as the plugin saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AvailabilityView {
+    /// The pool does not route the thread.
+    NotRouted,
+    /// The pool would serve now.
+    Ready,
+    /// Nothing serves before `retry_at`; `cause` is the WIT `block-cause` name.
+    Blocked { retry_at: u64, cause: String },
+    /// Nothing serves and the pool cannot say when; `reason` is the WIT
+    /// `unavailable-reason` name.
+    Unavailable { reason: String },
+}
+
+/// One entry of a chain's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryView {
+    pub at: u64,
+    pub trigger: TriggerView,
+    /// The availability the plugin saw, when it asked.
+    pub availability: Option<AvailabilityView>,
+    pub action: ActionView,
+    /// The reason, in the plugin's stable words (`rate-limited`, `stale: newer request`, …).
+    pub reason: String,
+}
+
+/// The history of one chain, oldest entry first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainView {
+    pub thread: String,
+    pub original_request: String,
+    pub entries: Vec<EntryView>,
+}
+
+// Tokens (`/_pooler/tokens`, the overview, `GET /threads/{id}`).
+
+/// Tokens of served answers by kind, as the pool's `tokens.token-counts` states them: the
+/// input kinds never overlap (every input token is fresh `input`, a `cache_read` or a
+/// `cache_write`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCountsView {
+    /// Answers that reported usage.
+    pub answers: u64,
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+impl TokenCountsView {
+    /// The share of input tokens read from the prompt cache (0 to 1); None with no input.
+    pub fn cache_hit_share(&self) -> Option<f64> {
+        let all = self
+            .input
+            .saturating_add(self.cache_read)
+            .saturating_add(self.cache_write);
+        (all > 0).then(|| self.cache_read as f64 / all as f64)
+    }
+
+    /// Whether nothing was counted.
+    pub fn is_empty(&self) -> bool {
+        *self == TokenCountsView::default()
+    }
+}
+
+/// The usage of one group (`tokens.token-total`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenTotalView {
+    pub provider: ProviderName,
+    pub account: String,
+    /// The thread (grouped by thread only).
+    pub thread: Option<String>,
+    /// The model the answers named (grouped by thread only).
+    pub model: Option<String>,
+    pub counts: TokenCountsView,
+}
+
+/// An account's token usage today (since local midnight on the server) and in the last
+/// five hours.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountTokensView {
+    pub today: TokenCountsView,
+    pub last_5h: TokenCountsView,
+}
