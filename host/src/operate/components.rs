@@ -203,8 +203,9 @@ pub fn readme() -> String {
     text
 }
 
-/// A component's top-level import and export names, in the order the binary lists them.
-fn surface(bytes: &[u8]) -> Result<(Vec<String>, Vec<String>), wasmparser::BinaryReaderError> {
+/// A component's top-level import and export names, in the order the binary lists them,
+/// read from its binary without compiling it.
+pub fn surface(bytes: &[u8]) -> Result<(Vec<String>, Vec<String>), wasmparser::BinaryReaderError> {
     use wasmparser::{Parser, Payload};
     let (mut imports, mut exports) = (Vec::new(), Vec::new());
     // Nested modules and components are flattened by `parse_all`: only depth 0 is the

@@ -50,3 +50,28 @@ async fn the_example_plugin_retries_a_failed_turn_after_its_fixed_delay() {
     assert_eq!(turns.len(), 2);
     assert_eq!(turns[1].outcome, Some(TurnOutcomeKind::Failed));
 }
+
+/// The example imports WASI at one version, the contract's, as the two embedded plugins do:
+/// Rust's std would otherwise add its own older 0.2 imports beside the kit's.
+#[test]
+fn the_example_plugin_and_the_embedded_ones_import_wasi_at_the_contracts_version_only() {
+    let example = std::fs::read(EXAMPLE_ALT_PLUGIN).unwrap();
+    let embedded = [Role::AccountPool, Role::ProviderRetry].map(|role| {
+        pooler_host::runtime::embedded::component(role)
+            .unwrap()
+            .to_vec()
+    });
+    for (name, bytes) in [("alt-plugin", &example)].into_iter().chain([
+        ("account-pool", &embedded[0]),
+        ("provider-retry", &embedded[1]),
+    ]) {
+        let (imports, _) = pooler_host::operate::components::surface(bytes).unwrap();
+        let wasi: Vec<&String> = imports.iter().filter(|i| i.starts_with("wasi:")).collect();
+        assert!(!wasi.is_empty(), "{name}: {imports:?}");
+        let other: Vec<&&String> = wasi.iter().filter(|i| !i.ends_with("@0.2.12")).collect();
+        assert!(
+            other.is_empty(),
+            "{name} imports WASI at another version: {other:?}"
+        );
+    }
+}
