@@ -30,6 +30,8 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use hyper::HeaderMap;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
@@ -309,10 +311,8 @@ struct GroupGuard(Option<i32>, Option<PathBuf>);
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         if let Some(pgid) = self.0.take() {
-            // SAFETY: killpg only sends a signal; an exited group gives ESRCH, ignored.
-            unsafe {
-                libc::killpg(pgid, libc::SIGKILL);
-            }
+            // An exited group gives ESRCH: nothing left to kill.
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
         }
         if let Some(note) = self.1.take() {
             let _ = std::fs::remove_file(note);
@@ -365,11 +365,9 @@ pub fn kill_left_behind(dir: &Path) -> std::io::Result<Vec<i32>> {
         if let Some(pgid) = pgid
             && let Some(now) = start_time(pgid)
             && noted.trim().parse::<u64>().ok() == Some(now)
+            && killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok()
         {
-            // SAFETY: killpg only sends a signal, to the group checked above.
-            if unsafe { libc::killpg(pgid, libc::SIGKILL) } == 0 {
-                killed.push(pgid);
-            }
+            killed.push(pgid);
         }
         std::fs::remove_file(&path)?;
     }
@@ -1057,8 +1055,8 @@ mod tests {
         let _ = std::fs::remove_file(&pid_file);
         // The kernel reaps the orphan soon after the kill; wait for that, not for a timer.
         let gone = async {
-            // SAFETY: signal 0 only checks that the process exists.
-            while unsafe { libc::kill(pid, 0) } == 0 {
+            // No signal: only whether the process exists.
+            while nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
@@ -1223,7 +1221,7 @@ mod tests {
         std::fs::write(notes.join(other.id().to_string()), "1").unwrap();
         assert_eq!(kill_left_behind(&notes).unwrap(), [left_id]);
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(left.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert_eq!(left.wait().unwrap().signal(), Some(Signal::SIGKILL as i32));
         assert!(other.try_wait().unwrap().is_none(), "not the noted process");
         assert_eq!(
             std::fs::read_dir(&notes).unwrap().count(),

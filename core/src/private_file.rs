@@ -54,8 +54,7 @@ pub fn owned_and_private(meta: &Metadata) -> Result<(), String> {
 #[cfg(unix)]
 fn not_owned(meta: &Metadata) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     (meta.uid() != me).then(|| format!("owned by uid {}, not by this user ({me})", meta.uid()))
 }
 
@@ -88,7 +87,9 @@ pub fn create_private_file(path: &Path, existing: Existing) -> io::Result<File> 
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+        options
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits());
     }
     let file = options.open(path).map_err(|e| link_refused(path, e))?;
     check_opened(&file.metadata()?, false)?;
@@ -132,7 +133,10 @@ fn open_no_follow(path: &Path) -> io::Result<File> {
     let mut options = OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    std::os::unix::fs::OpenOptionsExt::custom_flags(
+        &mut options,
+        nix::fcntl::OFlag::O_NOFOLLOW.bits(),
+    );
     options.open(path).map_err(|e| link_refused(path, e))
 }
 
@@ -269,8 +273,7 @@ mod tests {
 
     #[cfg(unix)]
     fn is_root() -> bool {
-        // SAFETY: `geteuid` has no preconditions and cannot fail.
-        unsafe { libc::geteuid() == 0 }
+        nix::unistd::geteuid().is_root()
     }
 
     /// A file of another user's, as `(path, whether this test may write to it)`: as root
@@ -411,7 +414,8 @@ mod tests {
 
         let e = read_private_file(&dir).unwrap_err();
         assert!(
-            e.kind() == io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(libc::EISDIR),
+            e.kind() == io::ErrorKind::PermissionDenied
+                || e.raw_os_error() == Some(nix::errno::Errno::EISDIR as i32),
             "{e}"
         );
         std::fs::remove_dir_all(dir).unwrap();
