@@ -64,9 +64,3 @@ pub mod config;
 pub mod mediation;
 pub mod operate;
 pub mod runtime;
-
-/// A wasmtime error as an `anyhow` error, with its whole chain in the message (wasmtime 48
-/// has its own error type; its `anyhow` conversion feature is not enabled here).
-pub(crate) fn wasmtime_error(e: wasmtime::Error) -> anyhow::Error {
-    anyhow::anyhow!("{e:#}")
-}

@@ -111,7 +111,7 @@ pub fn build(limits: EngineLimits) -> anyhow::Result<Engine> {
     }
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
     Engine::new(&config)
-        .map_err(crate::wasmtime_error)
+        .map_err(anyhow::Error::from)
         .context("cannot create the wasmtime engine")
 }
 
@@ -183,7 +183,7 @@ pub fn load_component(
     let component = compile(engine, bytes)?;
     let artifact = component
         .serialize()
-        .map_err(crate::wasmtime_error)
+        .map_err(anyhow::Error::from)
         .context("cannot serialize a compiled component")?;
     // A cache that cannot be written costs the next start a compile, nothing more.
     if let Err(e) = store(dir, &entry, &artifact) {
@@ -193,7 +193,7 @@ pub fn load_component(
 }
 
 fn compile(engine: &Engine, bytes: &[u8]) -> anyhow::Result<Component> {
-    Component::new(engine, bytes).map_err(crate::wasmtime_error)
+    Component::new(engine, bytes).map_err(anyhow::Error::from)
 }
 
 /// Feeds what `Hash` writes into SHA-256, so the name is stable across Rust releases

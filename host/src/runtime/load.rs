@@ -91,38 +91,32 @@ const GRANTS_FILE: &str = "allowed-hosts";
 
 fn linker(engine: &Engine) -> anyhow::Result<Linker<PluginState>> {
     let mut linker = Linker::<PluginState>::new(engine);
-    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(crate::wasmtime_error)?;
-    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
-        .map_err(crate::wasmtime_error)?;
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     // Replace wasmtime-wasi's monotonic clock with one over the host clock.
     linker.allow_shadowing(true);
     clocks::add_to_linker(&mut linker, |s| ClockView {
         clock: &s.clock,
         table: &mut s.table,
-    })
-    .map_err(crate::wasmtime_error)?;
+    })?;
     linker.allow_shadowing(false);
     crate::runtime::bindings::pool::pooler::plugins::types::add_to_linker::<
         PluginState,
         wasmtime::component::HasSelf<PluginState>,
-    >(&mut linker, |s| s)
-    .map_err(crate::wasmtime_error)?;
+    >(&mut linker, |s| s)?;
     sqlite::add_to_linker(&mut linker, |s| SqliteView {
         ctx: &mut s.sqlite,
         table: &mut s.table,
-    })
-    .map_err(crate::wasmtime_error)?;
-    log::add_to_linker(&mut linker, |s| &mut s.log).map_err(crate::wasmtime_error)?;
-    metrics::add_to_linker(&mut linker, |s| &mut s.metrics).map_err(crate::wasmtime_error)?;
-    listener::add_to_linker(&mut linker, |s| &mut s.listener).map_err(crate::wasmtime_error)?;
-    availability::add_to_linker(&mut linker, |s| &mut s.availability)
-        .map_err(crate::wasmtime_error)?;
-    threads::add_to_linker(&mut linker, |s| &mut s.threads).map_err(crate::wasmtime_error)?;
+    })?;
+    log::add_to_linker(&mut linker, |s| &mut s.log)?;
+    metrics::add_to_linker(&mut linker, |s| &mut s.metrics)?;
+    listener::add_to_linker(&mut linker, |s| &mut s.listener)?;
+    availability::add_to_linker(&mut linker, |s| &mut s.availability)?;
+    threads::add_to_linker(&mut linker, |s| &mut s.threads)?;
     incoming_client::add_to_linker(&mut linker, |s| IncomingClientView {
         ctx: &s.incoming_client,
         table: &mut s.table,
-    })
-    .map_err(crate::wasmtime_error)?;
+    })?;
     Ok(linker)
 }
 
@@ -168,11 +162,11 @@ fn load<P>(
         .with_context(|| format!("cannot load {source}"))?;
     let pre = linker
         .instantiate_pre(&component)
-        .map_err(crate::wasmtime_error)
+        .map_err(anyhow::Error::from)
         .with_context(|| {
             format!("plugin `{id}` ({source}) cannot be linked against the host's imports")
         })?;
-    let pre = typed(pre).map_err(crate::wasmtime_error).with_context(|| {
+    let pre = typed(pre).map_err(anyhow::Error::from).with_context(|| {
         format!(
             "plugin `{id}` ({source}) does not export the world {} correctly",
             role.world()
