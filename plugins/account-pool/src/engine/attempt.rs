@@ -44,6 +44,9 @@ pub(super) enum Attempt<B> {
         redact: Option<StreamRedactor>,
         /// What was read of the body before its head went out (relayed first).
         prefix: Prefix,
+        /// What the answer's head said of the account's quota, and when: written in one
+        /// commit with the attempt it belongs to.
+        observed: Box<(Observation, u64)>,
     },
     /// The account could not serve; the failure (if any) is what the client sees if
     /// nothing else serves.
@@ -163,10 +166,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         // A token refresh started here runs to its end even if the client leaves
         // meanwhile: the endpoint may already have spent the old refresh token, and
         // only storing its answer keeps the account signed in.
-        let credential = match self
-            .usable_credential(ctx.provider, state, ctx.settings)
-            .await?
-        {
+        let credential = match self.usable_credential(ctx, state).await? {
             Ok(c) => c,
             // Whatever kept the credential from us, the client's leaving comes first.
             Err(_) if self.env.gone() => return cancelled(tries.status),
@@ -250,10 +250,22 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         };
         obs.redact(&redactor);
         // What the answer says about the account's quota is bookkeeping: if it cannot be
-        // written, the answer still decides (and may be served).
-        self.bookkeeping(id, "the quota observation of this answer", || {
-            self.observe(ctx.provider, id, &obs, s.switch_threshold, now)
-        });
+        // written, the answer still decides (and may be served). An answer the client
+        // will get has it written with its attempt, in one commit; any other at once, as
+        // what follows (a retry, the next account) chooses by it.
+        let observed_at = now;
+        let write_observation = |obs: &Observation| {
+            self.bookkeeping(id, "the quota observation of this answer", || {
+                self.observe(ctx.provider, id, obs, s.switch_threshold, observed_at)
+            });
+        };
+        let answering = matches!(
+            policy::classify(response.status, &obs, ctx.family, now),
+            Classified::Served | Classified::PassThrough
+        );
+        if !answering {
+            write_observation(&obs);
+        }
         let failed = |outcome, failure| Ok(Next::Done(Attempt::Failed { outcome, failure }));
         let mut status = response.status;
         let mut now = now;
@@ -264,11 +276,13 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             match self.opening(ctx, id, &mut response).await {
                 Opening::Relay(read) => prefix = read,
                 Opening::Failed(f) => {
+                    write_observation(&obs);
                     status = f.status;
                     now = self.env.now();
                     told = Some(opening_failure(&f, &response.headers, &redactor, now));
                 }
                 Opening::Gone => {
+                    write_observation(&obs);
                     return Ok(Next::Done(Attempt::Cancelled {
                         status: tries.status,
                     }));
@@ -283,6 +297,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 served: true,
                 redact: None,
                 prefix,
+                observed: Box::new((obs, observed_at)),
             })),
             Classified::PassThrough => {
                 if matches!(response.status, 400 | 402) {
@@ -292,11 +307,13 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     )
                     .await
                     else {
+                        write_observation(&obs);
                         return Ok(Next::Done(Attempt::Cancelled {
                             status: tries.status,
                         }));
                     };
                     if policy::billing_refusal(response.status, &read.bytes) {
+                        write_observation(&obs);
                         let failure = billing_failure(&response, &read.bytes, &redactor, now);
                         return self
                             .billing_refused(ctx, id, credential, &response.headers, failure, now)
@@ -309,6 +326,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     served: false,
                     redact: Some(StreamRedactor::new(credential)),
                     prefix,
+                    observed: Box::new((obs, observed_at)),
                 }))
             }
             Classified::Quota => failed(AttemptOutcome::Quota, None),

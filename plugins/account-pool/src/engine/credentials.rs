@@ -5,7 +5,7 @@
 
 use super::attempt::Attempt;
 use super::{
-    Cancel, Clock, Deadlines, Engine, Level, Log, Raced, Random, TransportError, Upstream,
+    Cancel, Clock, Ctx, Deadlines, Engine, Level, Log, Raced, Random, TransportError, Upstream,
     UpstreamRequest, new_id, unless_gone,
 };
 use crate::http::{self, Headers, PoolError};
@@ -14,6 +14,7 @@ use crate::oauth::{self, Need, RefreshResult, RefusedEffect};
 use crate::policy::{AccountState, AttemptOutcome};
 use crate::quota;
 use crate::settings::Settings;
+use crate::store::Secret;
 use crate::stream::BodyStream;
 use pooler_plugin_kit::time::after;
 use pooler_plugin_kit::{Db, DbError};
@@ -37,15 +38,26 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 {
     /// The credential to send now, refreshing an OAuth token that expires soon (§8). A
     /// refused proactive refresh keeps a valid token serving with the sign-in flag (#6167).
+    /// The request's first try on the account its snapshot read the secret of uses that
+    /// read; every other try reads the secret again (a refresh may have replaced it).
     pub(super) async fn usable_credential(
         &self,
-        provider: Provider,
+        ctx: &Ctx<'_>,
         state: &AccountState,
-        s: &Settings,
     ) -> Result<Result<Credential, Attempt<U::Body>>, DbError> {
+        let (provider, s) = (ctx.provider, ctx.settings);
         let id = state.id.as_str();
         let upstream_name = provider.upstream_name();
-        let Some(credential) = self.store.credential(id)? else {
+        let read_ahead = ctx.secret.take().filter(|secret| secret.id == id);
+        let Secret {
+            credential,
+            refresh: rs,
+            ..
+        } = match read_ahead {
+            Some(secret) => secret,
+            None => self.store.secret(id)?,
+        };
+        let Some(credential) = credential else {
             let now = self.env.now();
             self.mark_error(provider, id, "The account's secret is missing.", now)?;
             return Ok(Err(Attempt::Failed {
@@ -57,7 +69,6 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             return Ok(Ok(credential));
         };
         let now = self.env.now();
-        let rs = self.store.refresh_state(id)?;
         let backing_off = rs.retry_at.is_some_and(|t| t > now);
         match oauth::need(tokens.expires_at, now) {
             Need::None => Ok(Ok(credential)),

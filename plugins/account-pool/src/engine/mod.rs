@@ -29,7 +29,7 @@ mod report;
 mod routing;
 mod usage;
 
-pub use admission::{Admitted, BODY_OUT_OF_MEMORY, Screen, not_allowed};
+pub use admission::{Admitted, BODY_OUT_OF_MEMORY, HEAD_READ_FRESH_MS, Screen, not_allowed};
 pub use credentials::Refreshed;
 pub use ports::{
     Cancel, Clock, Deadlines, Level, Log, Random, TransportError, Upstream, UpstreamRequest,
@@ -230,6 +230,9 @@ struct Ctx<'r> {
     family: Option<Family>,
     key: Option<&'r str>,
     settings: &'r Settings,
+    /// The secret the request's read took along for the account it will most likely try
+    /// first; taken by the first try on that account.
+    secret: std::cell::Cell<Option<crate::store::Secret>>,
 }
 
 impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>

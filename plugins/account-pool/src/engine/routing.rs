@@ -429,6 +429,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 served,
                 redact,
                 prefix,
+                observed,
             } => {
                 let now = self.env.now();
                 let noted = self.report.borrow().attempts.len();
@@ -436,14 +437,22 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 // answer is in hand: if the commit cannot be written, it is tried again,
                 // then given up with a warning, and the client gets the answer anyway.
                 let lost = if served {
-                    "the attempt record, the session's pin and the cursor move"
+                    "the quota observation of this answer, the attempt record, the session's pin and the cursor move"
                 } else {
-                    "the attempt record and the release of the session's claimed pin"
+                    "the quota observation of this answer, the attempt record and the release of the session's claimed pin"
                 };
                 self.bookkeeping(id, lost, || {
                     // A try that failed noted the attempt in the report already.
                     self.report.borrow_mut().attempts.truncate(noted);
                     self.store.tx(|store| {
+                        let (observation, observed_at) = &*observed;
+                        self.observe(
+                            ctx.provider,
+                            id,
+                            observation,
+                            ctx.settings.switch_threshold,
+                            *observed_at,
+                        )?;
                         store.touch_account(id, state.last_used_at, self.last_try.get())?;
                         let mut outcome = if served {
                             AttemptOutcome::Served

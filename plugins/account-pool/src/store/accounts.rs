@@ -1,7 +1,7 @@
 //! The `accounts` and `secrets` tables: an account's state, order, flags and holds, and
 //! its credential, which is read only to send it upstream.
 
-use super::{Store, TOUCH_GRANULARITY_MS, decode};
+use super::{RefreshState, Store, TOUCH_GRANULARITY_MS, decode};
 use crate::model::{AccountOptions, Credential, CredentialKind, HoldKind, OAuthTokens, Provider};
 use crate::policy::AccountState;
 use crate::quota::{QuotaState, Restriction, Window};
@@ -329,19 +329,31 @@ impl<'a, D: Db> Store<'a, D> {
              FROM accounts a JOIN secrets s ON s.account_id = a.id WHERE a.id = ?1",
             &[id.into()],
         )?;
+        rows.first().map(credential_of).transpose()
+    }
+
+    /// What an attempt sends with on account `id`: its credential and its OAuth refresh
+    /// bookkeeping, in one statement.
+    pub fn secret(&self, id: &str) -> Result<Secret, DbError> {
+        let rows = self.db.query(
+            "SELECT a.kind, s.api_key, s.access_token, s.refresh_token, s.expires_at, s.chatgpt_account_id,
+                    r.lease_until, r.lease_owner, r.backoff_ms, r.retry_at, r.failure, r.last_usage_at
+             FROM accounts a JOIN secrets s ON s.account_id = a.id
+             LEFT JOIN refresh_state r ON r.account_id = a.id WHERE a.id = ?1",
+            &[id.into()],
+        )?;
         let Some(r) = rows.first() else {
-            return Ok(None);
+            return Ok(Secret {
+                id: id.to_owned(),
+                credential: None,
+                refresh: RefreshState::default(),
+            });
         };
-        Ok(Some(match CredentialKind::parse(&r.text("kind")?) {
-            Some(CredentialKind::ApiKey) => Credential::ApiKey(r.text("api_key")?),
-            Some(CredentialKind::OAuth) => Credential::OAuth(OAuthTokens {
-                access_token: r.text("access_token")?,
-                refresh_token: r.text("refresh_token")?,
-                expires_at: r.opt_u64("expires_at")?,
-                chatgpt_account_id: r.opt_text("chatgpt_account_id")?,
-            }),
-            None => return Err(DbError::Decode("bad kind".into())),
-        }))
+        Ok(Secret {
+            id: id.to_owned(),
+            credential: Some(credential_of(r.clone())?),
+            refresh: super::quota::refresh_state_of(r)?,
+        })
     }
 
     pub fn put_credential(&self, id: &str, c: &Credential) -> Result<(), DbError> {
@@ -402,4 +414,29 @@ impl<'a, D: Db> Store<'a, D> {
             .first()
             .and_then(|r| r.opt_text("access_token").ok().flatten()))
     }
+}
+
+/// An account's credential and OAuth refresh bookkeeping, as one attempt reads them.
+/// `Debug` never prints the secret ([`Credential`]'s own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secret {
+    /// The account.
+    pub id: String,
+    /// None when the account has no secret row.
+    pub credential: Option<Credential>,
+    pub refresh: RefreshState,
+}
+
+/// The credential of a row with `kind` and the `secrets` columns.
+fn credential_of(r: Row<'_>) -> Result<Credential, DbError> {
+    Ok(match CredentialKind::parse(&r.text("kind")?) {
+        Some(CredentialKind::ApiKey) => Credential::ApiKey(r.text("api_key")?),
+        Some(CredentialKind::OAuth) => Credential::OAuth(OAuthTokens {
+            access_token: r.text("access_token")?,
+            refresh_token: r.text("refresh_token")?,
+            expires_at: r.opt_u64("expires_at")?,
+            chatgpt_account_id: r.opt_text("chatgpt_account_id")?,
+        }),
+        None => return Err(DbError::Decode("bad kind".into())),
+    })
 }

@@ -25,7 +25,7 @@ mod routes;
 mod signals;
 mod tokens;
 
-pub use accounts::AccountMeta;
+pub use accounts::{AccountMeta, Secret};
 pub use attempts::{AttemptRow, RECENT_ATTEMPTS, attempt_sessions_slack};
 pub use load::{FLIGHT_LEASE_MS, Load, PLACEMENT_WINDOW_MS};
 pub use quota::RefreshState;

@@ -106,17 +106,8 @@ impl<'a, D: Db> Store<'a, D> {
              FROM refresh_state WHERE account_id = ?1",
             &[id.into()],
         )?;
-        let Some(r) = rows.first() else {
-            return Ok(RefreshState::default());
-        };
-        Ok(RefreshState {
-            lease_until: r.opt_u64("lease_until")?,
-            lease_owner: r.opt_text("lease_owner")?,
-            backoff_ms: r.opt_u64("backoff_ms")?,
-            retry_at: r.opt_u64("retry_at")?,
-            failure: r.opt_text("failure")?,
-            last_usage_at: r.opt_u64("last_usage_at")?,
-        })
+        rows.first()
+            .map_or(Ok(RefreshState::default()), refresh_state_of)
     }
 
     fn ensure_refresh_row(&self, id: &str) -> Result<(), DbError> {
@@ -190,4 +181,16 @@ impl<'a, D: Db> Store<'a, D> {
         )?;
         Ok(())
     }
+}
+
+/// The refresh bookkeeping of a row with the `refresh_state` columns (all NULL: none).
+pub(super) fn refresh_state_of(r: pooler_plugin_kit::Row<'_>) -> Result<RefreshState, DbError> {
+    Ok(RefreshState {
+        lease_until: r.opt_u64("lease_until")?,
+        lease_owner: r.opt_text("lease_owner")?,
+        backoff_ms: r.opt_u64("backoff_ms")?,
+        retry_at: r.opt_u64("retry_at")?,
+        failure: r.opt_text("failure")?,
+        last_usage_at: r.opt_u64("last_usage_at")?,
+    })
 }

@@ -168,3 +168,175 @@ fn a_screened_request_reads_neither_its_route_nor_its_settings_again() {
     assert_eq!(serve(big).0, 413);
     assert_eq!(p.up.seen(), Vec::<String>::new(), "the 413 went nowhere");
 }
+
+/// The statements of one request served as the component serves it (its head screened,
+/// then handled, its answer relayed and its tokens recorded), grouped by transaction: a
+/// `BEGIN` … `COMMIT` is one, a statement outside any is one of its own (autocommit).
+fn served_transactions(p: &Pool, req: IncomingRequest) -> (u16, Vec<Vec<String>>) {
+    let rec = Recording {
+        db: &p.db,
+        statements: RefCell::new(Vec::new()),
+    };
+    p.env.gone.set(false);
+    let engine = Engine::new(&rec, &p.up, &p.env);
+    let engine = match engine.screen(&req.method, &req.path, &req.headers) {
+        Screen::Admitted(a) => engine.with_admitted(a),
+        _ => panic!("admitted"),
+    };
+    let resp = block_on(async {
+        collect_then(engine.handle(req).await, |relay| {
+            crate::engine::record_tokens(&rec, &p.env, relay)
+        })
+        .await
+    });
+    if let Some(lease) = &resp.lease {
+        end_flight(&rec, lease).unwrap();
+    }
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    let mut open = false;
+    for s in rec.statements.into_inner() {
+        let head = s.trim_start().to_ascii_uppercase();
+        let short = s.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+        if head.starts_with("BEGIN") {
+            groups.push(Vec::new());
+            open = true;
+        } else if head.starts_with("COMMIT") || head.starts_with("ROLLBACK") {
+            open = false;
+        } else if open {
+            groups.last_mut().expect("begun").push(short);
+        } else {
+            groups.push(vec![short]);
+        }
+    }
+    (resp.status, groups)
+}
+
+/// A streamed answer with Claude's quota headers and token usage, as the real API sends.
+fn streamed_with_quota() -> Reply {
+    let reset = ((T0 / 1000) + 3600).to_string();
+    Reply::Chunks(
+        vec![
+            ("content-type", "text/event-stream".into()),
+            ("anthropic-ratelimit-unified-status", "allowed".into()),
+            ("anthropic-ratelimit-unified-5h-status", "allowed".into()),
+            ("anthropic-ratelimit-unified-5h-utilization", "0.25".into()),
+            ("anthropic-ratelimit-unified-5h-reset", reset.clone()),
+            ("anthropic-ratelimit-unified-7d-status", "allowed".into()),
+            ("anthropic-ratelimit-unified-7d-utilization", "0.5".into()),
+            ("anthropic-ratelimit-unified-7d-reset", reset),
+        ],
+        vec![
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-sonnet-4-5\",\"usage\":{\"input_tokens\":11,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":44}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        ],
+        false,
+    )
+}
+
+/// A Claude Code request of session `body`, its head naming session `head`.
+fn claude_code_req(p: &Pool, head: &str, body: &str) -> IncomingRequest {
+    let mut req = p.claude_req(Some(body), "claude-sonnet-4-5");
+    req.headers.push("x-claude-code-session-id", head);
+    req
+}
+
+/// The statements of the three transactions a pinned conversation's request is served
+/// in: one read (the route and settings, the pin, the cursor, the pinned account's secret
+/// and refresh state in one statement, the accounts and their windows), one write (the
+/// answer's quota, the account's and the pin's last use, the attempt), and once the answer
+/// has streamed, its token usage.
+const PINNED_REQUEST: [&[&str]; 3] = [
+    &[
+        "SELECT value FROM meta",
+        "SELECT thread, provider, token_hash",
+        "SELECT key, value FROM",
+        "SELECT account_id, thread, last_used_at,",
+        "SELECT account_id FROM cursors",
+        "SELECT a.kind, s.api_key, s.access_token,",
+        "SELECT a.id, a.seq, a.provider,",
+        "SELECT account_id, name, family,",
+    ],
+    &[
+        "SELECT a.id, a.seq, a.provider,",
+        "SELECT account_id, name, family,",
+        "DELETE FROM windows WHERE",
+        "INSERT INTO windows (account_id,",
+        "INSERT INTO windows (account_id,",
+        "INSERT INTO quota (account_id,",
+        "UPDATE accounts SET last_used_at",
+        "UPDATE pins SET last_used_at",
+        "INSERT INTO attempts (provider,",
+    ],
+    &["INSERT INTO tokens (at,"],
+];
+
+/// A pinned conversation's request, served as the component serves it, runs in one read
+/// and one write transaction, and one more for its token usage once the answer has
+/// streamed: the screen's read of the head takes along everything the decision needs,
+/// and the answer's quota is written in the attempt's commit. The same for a
+/// subscription account, whose secret and refresh state are one statement.
+#[test]
+fn a_pinned_request_is_one_read_and_one_write_and_its_tokens() {
+    let keys = Pool::abc();
+    let subscription = Pool::new();
+    subscription.add_oauth(Provider::Claude, "o", "at-o", None);
+    for (p, credential) in [(&keys, "a"), (&subscription, "at-o")] {
+        // Pinned on its first answer; the next is the steady state.
+        p.up.push(credential, streamed_with_quota());
+        assert_eq!(served_transactions(p, claude_code_req(p, "S", "S")).0, 200);
+        p.env.advance(TOUCH_GRANULARITY_MS);
+        p.up.push(credential, streamed_with_quota());
+        let (status, groups) = served_transactions(p, claude_code_req(p, "S", "S"));
+        assert_eq!(status, 200);
+        assert_eq!(groups, PINNED_REQUEST, "served with {credential}");
+        assert_eq!(p.up.seen(), [credential, credential]);
+    }
+}
+
+/// What the screen read is not used when the body names another session than the head,
+/// or when the body took longer than [`HEAD_READ_FRESH_MS`] to arrive: the decision
+/// reads again, and the request follows the body's session.
+#[test]
+fn a_body_naming_another_session_or_arriving_late_is_decided_on_a_fresh_read() {
+    let p = Pool::abc();
+    assert_eq!(p.claude(Some("B")).status, 200);
+    let reads = |groups: &[Vec<String>]| {
+        groups
+            .iter()
+            .filter(|g| g.iter().all(|s| s.starts_with("SELECT")))
+            .count()
+    };
+    let (status, groups) = served_transactions(&p, claude_code_req(&p, "H", "B"));
+    assert_eq!(status, 200);
+    assert_eq!(reads(&groups), 2, "{groups:?}");
+    assert_eq!(
+        p.pinned(Provider::Claude, "H"),
+        None,
+        "the head's session is not served"
+    );
+
+    let late = |p: &Pool| {
+        let rec = Recording {
+            db: &p.db,
+            statements: RefCell::new(Vec::new()),
+        };
+        let req = claude_code_req(p, "B", "B");
+        let engine = Engine::new(&rec, &p.up, &p.env);
+        let Screen::Admitted(a) = engine.screen(&req.method, &req.path, &req.headers) else {
+            panic!("admitted");
+        };
+        p.env.advance(HEAD_READ_FRESH_MS + 1);
+        rec.statements.borrow_mut().clear();
+        let engine = engine.with_admitted(a);
+        let status = block_on(async { collect(engine.handle(req).await).await.status });
+        let pins_read = rec
+            .statements
+            .into_inner()
+            .iter()
+            .filter(|s| s.contains("FROM pins"))
+            .count();
+        (status, pins_read)
+    };
+    assert_eq!(late(&p), (200, 1), "the pin is read again");
+    assert_eq!(p.up.seen(), ["a", "a", "a"]);
+}
