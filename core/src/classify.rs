@@ -8,13 +8,12 @@
 //! field) becomes an absolute deadline, and `x-pooler-origin: pool` tells the pool's own
 //! answers from the provider's.
 
-use std::time::UNIX_EPOCH;
+use pooler_plugin_kit::time::{RetryAfter, within_horizon};
 
 use hyper::HeaderMap;
 use serde_json::Value;
 
 use crate::model::{Failure, FailureCategory as C, FailureOrigin, Timestamp};
-use crate::ratelimit::RESET_HORIZON_MS;
 
 /// The header the pool sets on every answer it makes itself.
 pub const POOL_ORIGIN_HEADER: &str = "x-pooler-origin";
@@ -35,31 +34,22 @@ pub fn origin_of(headers: &HeaderMap) -> FailureOrigin {
     }
 }
 
-/// Parses a `Retry-After` value: delay seconds (a fraction is rounded up) or an HTTP date.
-/// Returns the absolute deadline; None when unreadable or further ahead than
-/// [`RESET_HORIZON_MS`] (a date in year 9999 is no deadline to schedule a retry for).
+/// Parses a `Retry-After` value (the plugins' reading of it): delay seconds, rounded up to
+/// a whole second, or an HTTP date. Returns the absolute deadline; None when unreadable or
+/// further ahead than [`RESET_HORIZON_MS`](crate::ratelimit::RESET_HORIZON_MS) (a date in
+/// year 9999 is no deadline to schedule a retry for).
 pub fn parse_retry_after(value: &str, now: Timestamp) -> Option<Timestamp> {
-    let value = value.trim();
-    let at = if let Ok(seconds) = value.parse::<f64>() {
-        if !seconds.is_finite() || seconds < 0.0 {
-            return None;
-        }
-        // `as` saturates a float too large for the integer.
-        now.saturating_add((seconds.ceil() as u64).saturating_mul(1000))
-    } else {
-        let at = httpdate::parse_http_date(value).ok()?;
-        u64::try_from(at.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()?
+    let at = match pooler_plugin_kit::time::parse_retry_after(value)? {
+        // Whole seconds: a deadline a person reads and a due time the queue keeps.
+        RetryAfter::Delay(ms) => now.saturating_add(ms.div_ceil(1000).saturating_mul(1000)),
+        RetryAfter::At(at) => at,
     };
     within_horizon(at, now)
 }
 
-/// `at` when it lies at most [`RESET_HORIZON_MS`] after `now` (passed included).
-fn within_horizon(at: Timestamp, now: Timestamp) -> Option<Timestamp> {
-    (at <= now.saturating_add(RESET_HORIZON_MS)).then_some(at)
-}
-
 /// The deadline stated by the response: the `Retry-After` header, else `retry-after-ms`,
-/// else a reset field of the error body; each within [`RESET_HORIZON_MS`], else unknown.
+/// else a reset field of the error body; each within
+/// [`RESET_HORIZON_MS`](crate::ratelimit::RESET_HORIZON_MS), else unknown.
 pub fn retry_after(headers: &HeaderMap, body: Option<&Value>, now: Timestamp) -> Option<Timestamp> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(at) = header("retry-after").and_then(|v| parse_retry_after(v, now)) {
@@ -78,7 +68,7 @@ pub fn retry_after(headers: &HeaderMap, body: Option<&Value>, now: Timestamp) ->
 /// A reset stated in an error body: `resets_at` / `reset_at` (epoch seconds or
 /// milliseconds), `resets_in_seconds` / `retry_after` (seconds from now), `retry_after_ms`.
 /// Looked up in the `error` object first, then at the top level. A reset further ahead
-/// than [`RESET_HORIZON_MS`] is unknown.
+/// than [`RESET_HORIZON_MS`](crate::ratelimit::RESET_HORIZON_MS) is unknown.
 pub fn body_reset(body: &Value, now: Timestamp) -> Option<Timestamp> {
     stated_body_reset(body, now).and_then(|at| within_horizon(at, now))
 }
@@ -701,8 +691,9 @@ mod tests {
     #[test]
     fn retry_after_http_date_is_read() {
         // 2026-09-21T12:53:20Z = 1_790_000_000 s.
-        let at =
-            httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(1_790_000_600));
+        let at = httpdate::fmt_http_date(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_790_000_600),
+        );
         assert_eq!(parse_retry_after(&at, NOW), Some(1_790_000_600_000));
     }
 

@@ -50,15 +50,9 @@ macro_rules! wire_enum {
     };
 }
 
-wire_enum! {
-    /// The AI provider of a thread.
-    pub enum Provider {
-        /// Anthropic Messages API (`POST /v1/messages`).
-        Claude => "claude",
-        /// OpenAI Responses API (`POST /v1/responses`).
-        Codex => "codex",
-    }
-}
+/// The AI provider of a thread: the one definition every crate uses (the plugins' kit's),
+/// with its wire spelling (`claude`, `codex`) in serde.
+pub use pooler_plugin_kit::Provider;
 
 wire_enum! {
     /// What runs a thread's turns.

@@ -13,15 +13,12 @@ use crate::model::{LimitKind, LimitStatus, LimitWindow, Provider, RateLimitSnaps
 
 const CLAUDE_PREFIX: &str = "anthropic-ratelimit-unified-";
 
-/// How far ahead a reset or a `Retry-After` is believed: 30 days (the plugins' horizon,
-/// `pooler_plugin_kit::time::RESET_HORIZON_MS`). Real windows reset within a week; a time
-/// beyond this (a date in year 9999) is treated as unknown.
-pub const RESET_HORIZON_MS: Timestamp = 30 * 86_400_000;
-
-/// The latest reset a snapshot states: `i64::MAX` ms, the largest an SQLite integer holds.
-/// An absurd header (`reset-after-seconds: 1e300`) gives this, never a time wrapped into
-/// the past or an overflow panic.
-const FAR_FUTURE_MS: Timestamp = i64::MAX as Timestamp;
+/// How far ahead a reset or a `Retry-After` is believed: the plugins' horizon, one
+/// definition. A time beyond it (a date in year 9999) is unknown.
+pub use pooler_plugin_kit::time::RESET_HORIZON_MS;
+// The latest time a snapshot states (an absurd `reset-after-seconds: 1e300` gives it, never
+// a time wrapped into the past), and the horizon check, both the plugins'.
+use pooler_plugin_kit::time::{FAR_FUTURE_MS, within_horizon};
 
 /// The snapshot the headers describe, or `None` when they carry no rate-limit state.
 pub fn snapshot_from_headers(
@@ -67,12 +64,6 @@ fn epoch_seconds_to_ms(text: &str) -> Option<Timestamp> {
     let s: f64 = text.parse().ok()?;
     // `as` saturates a float too large for the integer; the cap keeps it storable.
     (s.is_finite() && s >= 0.0).then_some(((s * 1000.0) as Timestamp).min(FAR_FUTURE_MS))
-}
-
-/// `at` when it lies at most [`RESET_HORIZON_MS`] after `now` (passed included): a reset
-/// further ahead is unknown, not a wait of millennia.
-fn within_horizon(at: Timestamp, now: Timestamp) -> Option<Timestamp> {
-    (at <= now.saturating_add(RESET_HORIZON_MS).min(FAR_FUTURE_MS)).then_some(at)
 }
 
 fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapshot> {

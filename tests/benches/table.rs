@@ -19,7 +19,9 @@
 //!   Retry — on 2 tokio workers, three API-key accounts, one route). Every run is checked: no socket error and no non-2xx
 //!   answer, or the bench fails. The three targets alternate within each round
 //!   (`TABLE_BENCH_ROUNDS`, default 3; each run `TABLE_BENCH_SECONDS`, default 3); the table
-//!   prints medians and the pool's spread (min–max) over the rounds;
+//!   prints medians and the pool's spread (min–max) over the rounds; and the pool
+//!   process's CPU time per request (user + system, `/proc/PID/stat`, over every load run)
+//!   against nginx's (its master and workers);
 //! - **memory**: the pool process's resident memory (`VmRSS`) idle after start (the
 //!   baseline), with 64 streams open through it (Claude-style SSE held mid-answer by the
 //!   upstream), and its peak (`VmHWM`) after everything;
@@ -262,6 +264,54 @@ struct Load {
     /// Milliseconds.
     p50: f64,
     p99: f64,
+    /// Requests answered in the run.
+    requests: u64,
+    /// CPU time the target's processes spent in the run, in microseconds (None for the
+    /// upstream, which runs in this process).
+    cpu_us: Option<f64>,
+}
+
+/// CPU time (user + system, every thread) process `pid` has used so far, in microseconds,
+/// from `/proc/PID/stat`.
+fn cpu_us(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow::anyhow!("unreadable /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf reads a constant of the running system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    anyhow::ensure!(per_second > 0, "no clock tick rate");
+    Ok(ticks as f64 * 1e6 / per_second as f64)
+}
+
+/// CPU time of process `pid` and its children (nginx's workers), in microseconds.
+fn tree_cpu_us(pid: u32) -> anyhow::Result<f64> {
+    let mut total = cpu_us(pid)?;
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(child) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if parent == Some(pid) {
+            total += cpu_us(child).unwrap_or(0.0);
+        }
+    }
+    Ok(total)
 }
 
 /// A wrk latency such as `612.00us`, `1.20ms`, `2.00s`, in milliseconds.
@@ -280,9 +330,17 @@ fn wrk_ms(text: &str) -> anyhow::Result<f64> {
     Ok(number.parse::<f64>()? * factor)
 }
 
-/// Run wrk with `clients` connections against the target of `script` at `base`.
-fn wrk(script: &Path, base: &str, clients: usize, seconds: u64) -> anyhow::Result<Load> {
+/// Run wrk with `clients` connections against the target of `script` at `base`, served
+/// by process `pid` (and its children) when it is not this one.
+fn wrk(
+    script: &Path,
+    base: &str,
+    clients: usize,
+    seconds: u64,
+    pid: Option<u32>,
+) -> anyhow::Result<Load> {
     let threads = if clients == 1 { 1 } else { 2 };
+    let cpu_before = pid.map(tree_cpu_us).transpose()?;
     let output = Command::new(program("wrk")?)
         .args(["-t", &threads.to_string(), "-c", &clients.to_string()])
         .args([
@@ -296,6 +354,10 @@ fn wrk(script: &Path, base: &str, clients: usize, seconds: u64) -> anyhow::Resul
         .arg(script)
         .arg(format!("{base}/v1/messages"))
         .output()?;
+    let cpu_us = match (pid, cpu_before) {
+        (Some(pid), Some(before)) => Some(tree_cpu_us(pid)? - before),
+        _ => None,
+    };
     let text = String::from_utf8_lossy(&output.stdout);
     anyhow::ensure!(output.status.success(), "wrk failed: {text}");
     anyhow::ensure!(
@@ -309,10 +371,18 @@ fn wrk(script: &Path, base: &str, clients: usize, seconds: u64) -> anyhow::Resul
             .map(str::trim)
             .ok_or_else(|| anyhow::anyhow!("no {prefix:?} in wrk's output:\n{text}"))
     };
+    // "  12345 requests in 3.00s, 1.23MB read"
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("no request count in wrk's output:\n{text}"))?;
     Ok(Load {
         per_second: field("Requests/sec:")?.parse()?,
         p50: wrk_ms(field("50%")?)?,
         p99: wrk_ms(field("99%")?)?,
+        requests,
+        cpu_us,
     })
 }
 
@@ -434,30 +504,37 @@ async fn run() -> anyhow::Result<()> {
                 "direct",
                 upstream.url(),
                 wrk_script(dir.path(), "direct", None)?,
+                None,
             ),
             (
                 "nginx",
                 nginx.url.clone(),
                 wrk_script(dir.path(), "nginx", None)?,
+                Some(nginx.child.id()),
             ),
             (
                 "pool",
                 pool.url.clone(),
                 wrk_script(dir.path(), "pool", Some(&pool.token))?,
+                Some(pool.child.id()),
             ),
         ];
         // Warm-up: connections, the guest's code, the session's pin.
-        for (_, url, script) in &targets {
-            wrk(script, url, 16, 1)?;
+        for (_, url, script, pid) in &targets {
+            wrk(script, url, 16, 1, *pid)?;
         }
         // runs[target][clients index] = one Load per round
         let mut runs = vec![vec![Vec::new(); CLIENTS.len()]; targets.len()];
         for round in 0..rounds {
             for (c, clients) in CLIENTS.iter().enumerate() {
-                for (t, (name, url, script)) in targets.iter().enumerate() {
-                    let l = wrk(script, url, *clients, seconds)?;
+                for (t, (name, url, script, pid)) in targets.iter().enumerate() {
+                    let l = wrk(script, url, *clients, seconds, *pid)?;
+                    let cpu = l
+                        .cpu_us
+                        .map(|us| format!(", {:.0} µs CPU a request", us / l.requests as f64))
+                        .unwrap_or_default();
                     eprintln!(
-                        "  round {round}: {name:<6} {clients:>2} clients: {:>8.0} req/s, p50 {:.3} ms, p99 {:.3} ms",
+                        "  round {round}: {name:<6} {clients:>2} clients: {:>8.0} req/s, p50 {:.3} ms, p99 {:.3} ms{cpu}",
                         l.per_second, l.p50, l.p99
                     );
                     runs[t][c].push(l);
@@ -503,6 +580,27 @@ async fn run() -> anyhow::Result<()> {
                 }
             }
         }
+        // CPU per request over every round and client count: the pool's process against
+        // nginx's (master and workers), each over the requests it answered.
+        let per_request = |t: usize| {
+            let (cpu, requests) = runs[t].iter().flatten().fold((0.0, 0u64), |(c, r), l| {
+                (c + l.cpu_us.unwrap_or(0.0), r + l.requests)
+            });
+            cpu / requests.max(1) as f64
+        };
+        let (pool_cpu, nginx_cpu) = (per_request(2), per_request(1));
+        let pool_each: Vec<f64> = runs[2]
+            .iter()
+            .flatten()
+            .map(|l| l.cpu_us.unwrap_or(0.0) / l.requests.max(1) as f64)
+            .collect();
+        rows.push(Row {
+            figure: "pool CPU µs per request (all load runs)".into(),
+            value: format!("{pool_cpu:.0}"),
+            baseline: format!("{nginx_cpu:.0} (nginx)"),
+            ratio: pool_cpu / nginx_cpu,
+            note: format!("runs {}", spread(&pool_each, 0)),
+        });
         drop(nginx);
     }
 

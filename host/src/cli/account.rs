@@ -53,7 +53,7 @@ enum AccountCommand {
     /// List accounts in selection order: status, utilization, resets, holds, errors.
     List {
         /// Only this provider's accounts.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: Option<ProviderName>,
     },
     /// Show one account: status, utilization, resets, hold, error.
@@ -74,7 +74,7 @@ enum AccountCommand {
     },
     /// Put a provider's accounts in this order (every account, disabled ones included, once).
     Reorder {
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: ProviderName,
         /// Every account id of the provider, first-choice first.
         #[arg(required = true, value_name = "ID")]
@@ -178,7 +178,7 @@ fn preserve(text: &str) -> Result<f64, String> {
 )]
 struct AddArgs {
     /// The provider: claude or codex.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::operate::wire::provider_arg())]
     provider: ProviderName,
     /// An Anthropic API key (Claude only); `-` reads it from standard input.
     #[arg(
@@ -208,7 +208,7 @@ struct AddArgs {
     On macOS Claude Code keeps its login in the Keychain: save it to a file and pass --from.")]
 struct ImportArgs {
     /// The provider whose login file it is: claude or codex.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::operate::wire::provider_arg())]
     provider: ProviderName,
     /// The login file (default: the provider's CLI login file, see below).
     #[arg(long, value_name = "FILE")]
@@ -269,7 +269,7 @@ struct UpdateArgs {
 )]
 struct LoginArgs {
     /// The provider: claude (authorization code with PKCE) or codex (device code).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::operate::wire::provider_arg())]
     provider: ProviderName,
     /// A label for people (default: "Claude account", "Codex account").
     #[arg(long, conflicts_with = "replace")]

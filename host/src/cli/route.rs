@@ -34,7 +34,7 @@ enum RouteCommand {
         #[arg(long)]
         thread: String,
         /// The provider: claude or codex.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: ProviderName,
         /// Prefix each line with `export ` (for `eval` in a POSIX shell).
         #[arg(long)]
@@ -44,7 +44,7 @@ enum RouteCommand {
     /// once, by `open`).
     List {
         /// Only this provider's routes.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: Option<ProviderName>,
     },
     /// Close a thread's route: its token stops working at once.
@@ -53,7 +53,7 @@ enum RouteCommand {
         #[arg(long)]
         thread: String,
         /// The provider: claude or codex.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: ProviderName,
     },
 }

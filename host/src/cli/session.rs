@@ -33,13 +33,13 @@ enum SessionCommand {
         #[arg(long)]
         thread: Option<String>,
         /// Only this provider's sessions.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: Option<ProviderName>,
     },
     /// Show a session's pinned account, why it is there, and its last outcomes.
     Explain {
         /// The provider: claude or codex.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: ProviderName,
         /// The session id or stored key.
         session: String,

@@ -39,7 +39,7 @@ enum ThreadCommand {
         #[arg(long, default_value = "http", value_parser = ["http", "claude-code", "codex"])]
         agent: String,
         /// The provider: claude or codex (default: the agent's, else claude).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::operate::wire::provider_arg())]
         provider: Option<ProviderName>,
         /// The model its turns ask for (default: the agent's or the driver's default).
         #[arg(long)]

@@ -20,7 +20,6 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::operate::wire::ORIGIN_HEADER;
 use crate::runtime::imports::incoming_client::ClientGone;
-use crate::runtime::roles::Role;
 use crate::runtime::{CallError, Host};
 
 /// A response the host produced.
@@ -203,13 +202,10 @@ where
         Ok(prepared) => prepared,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("{e:#}")),
     };
-    let host = host.clone();
+    let (pre, call_meta) = (plugin.pre.http.clone(), meta.clone());
     let guest: GuestCall = Box::pin(async move {
-        let Some(plugin) = host.shared.pool.as_ref() else {
-            return Err(CallError::NoPlugin(Role::AccountPool));
-        };
         let result = async {
-            let instance = plugin.pre.http.instantiate_async(&mut store).await?;
+            let instance = pre.instantiate_async(&mut store).await?;
             instance
                 .wasi_http_incoming_handler()
                 .call_handle(&mut store, request, out)
@@ -217,7 +213,7 @@ where
         }
         .await;
         drop(store);
-        result.map_err(|e| Host::call_error(&plugin.meta, CALL, e))
+        result.map_err(|e| Host::call_error(&call_meta, CALL, e))
     });
     // The guest runs in this request's own task (no spawn, no hand-over between tasks):
     // here until it sets the response head, then inside the response body, which keeps

@@ -33,7 +33,6 @@ use crate::operate::admin::{Admin, METRICS_PATH};
 use crate::operate::http_in::error_response;
 use crate::operate::wire::{ADMIN_PREFIX, ADMIN_TOKEN_FILE};
 use crate::runtime::Host;
-use crate::runtime::roles::Role;
 
 /// A bound listener, ready to serve.
 pub struct Server {
@@ -229,12 +228,6 @@ async fn proxy(host: &Host, req: Request<Incoming>) -> Response<HyperOutgoingBod
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return too_large(limit);
-    }
-    if !host.has_role(Role::AccountPool) {
-        return error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no plugin fills the account-pool role",
-        );
     }
     // An agent turn's requests: the answers are recorded for its failure description.
     let recorder = host.taps().find(req.headers());

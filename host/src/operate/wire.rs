@@ -47,37 +47,18 @@ pub fn percent_encode(segment: &str) -> String {
     percent_encoding::utf8_percent_encode(segment, COMPONENT).to_string()
 }
 
-/// A provider as the admin API and the CLI spell it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderName {
-    /// Anthropic (Claude Code).
-    Claude,
-    /// OpenAI (Codex CLI).
-    Codex,
-}
+/// A provider as the admin API and the CLI spell it (`claude`, `codex`): the one provider
+/// type of every crate, under the name the wire types have always used.
+pub use pooler_core::Provider as ProviderName;
 
-impl ProviderName {
-    pub fn parse(text: &str) -> Option<ProviderName> {
-        match text {
-            "claude" => Some(ProviderName::Claude),
-            "codex" => Some(ProviderName::Codex),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderName::Claude => "claude",
-            ProviderName::Codex => "codex",
-        }
-    }
-}
-
-impl std::fmt::Display for ProviderName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// The CLI's parser of a `--provider` value: the wire spellings, each with its help.
+pub fn provider_arg() -> impl clap::builder::TypedValueParser<Value = ProviderName> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("claude").help("Anthropic (Claude Code)"),
+        PossibleValue::new("codex").help("OpenAI (Codex CLI)"),
+    ])
+    .map(|s| ProviderName::parse(&s).expect("one of the possible values"))
 }
 
 // Accounts (`/_pooler/accounts…`).

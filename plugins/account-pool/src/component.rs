@@ -16,6 +16,7 @@ mod bindings {
             "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
             "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
             "pooler:plugins/metrics@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::metrics,
+            "pooler:plugins/types@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::types,
         },
         generate_all,
     });
@@ -31,7 +32,8 @@ use crate::engine::{Cancel, Clock, Level, Log, Random};
 use crate::model::{self, Provider};
 use crate::policy::AttemptOutcome;
 use bindings::exports::pooler::plugins::{availability, maintenance, routing, settings, tokens};
-use bindings::pooler::plugins::{availability_listener, incoming_client, types};
+use bindings::pooler::plugins::{availability_listener, incoming_client};
+use pooler_plugin_kit::component::types;
 use pooler_plugin_kit::component::{WitDb, WitLog, WitMetrics};
 use wasi_http::WasiUpstream;
 
@@ -95,20 +97,6 @@ impl Log for WasiEnv {
 
 // ---- type adapters ----------------------------------------------------------------------
 
-fn provider_in(p: types::Provider) -> Provider {
-    match p {
-        types::Provider::Claude => Provider::Claude,
-        types::Provider::Codex => Provider::Codex,
-    }
-}
-
-fn provider_out(p: Provider) -> types::Provider {
-    match p {
-        Provider::Claude => types::Provider::Claude,
-        Provider::Codex => types::Provider::Codex,
-    }
-}
-
 fn availability_out(a: model::Availability) -> types::Availability {
     use model::{BlockCause as B, UnavailableReason as U};
     match a {
@@ -130,25 +118,6 @@ fn availability_out(a: model::Availability) -> types::Availability {
             U::Authentication => types::UnavailableReason::Authentication,
             U::ResetUnknown => types::UnavailableReason::ResetUnknown,
         }),
-    }
-}
-
-fn cause_out(c: model::ChangeCause) -> types::ChangeCause {
-    use model::ChangeCause as C;
-    match c {
-        C::AccountAdded => types::ChangeCause::AccountAdded,
-        C::AccountEnabled => types::ChangeCause::AccountEnabled,
-        C::AccountDisabled => types::ChangeCause::AccountDisabled,
-        C::AccountRemoved => types::ChangeCause::AccountRemoved,
-        C::ErrorCleared => types::ChangeCause::ErrorCleared,
-        C::ErrorSet => types::ChangeCause::ErrorSet,
-        C::HoldEnded => types::ChangeCause::HoldEnded,
-        C::ConfigChanged => types::ChangeCause::ConfigChanged,
-        C::RoutingChanged => types::ChangeCause::RoutingChanged,
-        C::PriorityChanged => types::ChangeCause::PriorityChanged,
-        C::EarlierResetObserved => types::ChangeCause::EarlierResetObserved,
-        C::LaterResetObserved => types::ChangeCause::LaterResetObserved,
-        C::ResetPassed => types::ChangeCause::ResetPassed,
     }
 }
 
@@ -225,8 +194,8 @@ fn deliver(admin: &Admin<'_, WitDb, WasiUpstream, WasiEnv>) {
             for c in changes {
                 let queued =
                     availability_listener::availability_changed(&types::AvailabilityChange {
-                        provider: provider_out(c.provider),
-                        causes: c.causes.into_iter().map(cause_out).collect(),
+                        provider: types::Provider::from(c.provider),
+                        causes: c.causes.into_iter().map(types::ChangeCause::from).collect(),
                         earliest: availability_out(c.earliest),
                         detected_at: c.detected_at,
                     });
@@ -267,7 +236,7 @@ impl availability::Guest for Component {
             .map(|q| {
                 (
                     q.thread.as_str(),
-                    provider_in(q.provider),
+                    Provider::from(q.provider),
                     q.model.as_deref(),
                 )
             })
@@ -299,11 +268,11 @@ impl routing::Guest for Component {
     ) -> Result<routing::Route, routing::RoutingError> {
         with_admin(routing::RoutingError::Storage, |a| {
             let r = a
-                .open_route(&thread, provider_in(provider), &endpoint)
+                .open_route(&thread, Provider::from(provider), &endpoint)
                 .map_err(routing_error)?;
             Ok(routing::Route {
                 thread: r.thread,
-                provider: provider_out(r.provider),
+                provider: types::Provider::from(r.provider),
                 base_url: r.base_url,
                 token: r.token,
                 env: r.env,
@@ -316,7 +285,7 @@ impl routing::Guest for Component {
 
     fn close_route(thread: String, provider: types::Provider) -> Result<(), routing::RoutingError> {
         with_admin(routing::RoutingError::Storage, |a| {
-            a.close_route(&thread, provider_in(provider))
+            a.close_route(&thread, Provider::from(provider))
                 .map_err(routing_error)
         })
     }
@@ -324,7 +293,10 @@ impl routing::Guest for Component {
     fn has_route(thread: String, provider: types::Provider) -> bool {
         with_admin(
             |_| (),
-            |a| a.has_route(&thread, provider_in(provider)).map_err(|_| ()),
+            |a| {
+                a.has_route(&thread, Provider::from(provider))
+                    .map_err(|_| ())
+            },
         )
         .unwrap_or(false)
     }
@@ -334,13 +306,13 @@ impl routing::Guest for Component {
     ) -> Result<Vec<routing::RouteSummary>, routing::RoutingError> {
         with_admin(routing::RoutingError::Storage, |a| {
             let routes = a
-                .list_routes(provider.map(provider_in))
+                .list_routes(provider.map(Provider::from))
                 .map_err(routing_error)?;
             Ok(routes
                 .into_iter()
                 .map(|r| routing::RouteSummary {
                     thread: r.thread,
-                    provider: provider_out(r.provider),
+                    provider: types::Provider::from(r.provider),
                     opened_at: r.opened_at,
                 })
                 .collect())
@@ -353,12 +325,12 @@ impl routing::Guest for Component {
     ) -> Result<Vec<routing::SessionSummary>, routing::RoutingError> {
         with_admin(routing::RoutingError::Storage, |a| {
             let sessions = a
-                .list_sessions(thread.as_deref(), provider.map(provider_in))
+                .list_sessions(thread.as_deref(), provider.map(Provider::from))
                 .map_err(routing_error)?;
             Ok(sessions
                 .into_iter()
                 .map(|s| routing::SessionSummary {
-                    provider: provider_out(s.provider),
+                    provider: types::Provider::from(s.provider),
                     key: s.key,
                     account: s.account,
                     thread: s.thread,
@@ -376,10 +348,10 @@ impl routing::Guest for Component {
     ) -> Result<routing::SessionExplanation, routing::RoutingError> {
         with_admin(routing::RoutingError::Storage, |a| {
             let e = a
-                .explain_session(provider_in(provider), &session)
+                .explain_session(Provider::from(provider), &session)
                 .map_err(routing_error)?;
             Ok(routing::SessionExplanation {
-                provider: provider_out(e.provider),
+                provider: types::Provider::from(e.provider),
                 key: e.key,
                 account: e.account,
                 thread: e.thread,
@@ -420,7 +392,7 @@ impl tokens::Guest for Component {
             Ok(rows
                 .into_iter()
                 .map(|r| tokens::TokenTotal {
-                    provider: provider_out(r.provider),
+                    provider: types::Provider::from(r.provider),
                     account: r.account,
                     thread: r.thread,
                     model: r.model,

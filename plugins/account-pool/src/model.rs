@@ -4,47 +4,9 @@
 
 use std::fmt;
 
-/// The AI provider an account, a route or a request belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Provider {
-    Claude,
-    Codex,
-}
-
-impl Provider {
-    pub const ALL: [Provider; 2] = [Provider::Claude, Provider::Codex];
-
-    /// The stored and displayed name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Claude => "claude",
-            Provider::Codex => "codex",
-        }
-    }
-
-    /// Parse a stored name.
-    pub fn parse(s: &str) -> Option<Provider> {
-        match s {
-            "claude" => Some(Provider::Claude),
-            "codex" => Some(Provider::Codex),
-            _ => None,
-        }
-    }
-
-    /// The upstream's name for people ("Anthropic", "ChatGPT").
-    pub fn upstream_name(self) -> &'static str {
-        match self {
-            Provider::Claude => "Anthropic",
-            Provider::Codex => "ChatGPT",
-        }
-    }
-}
-
-impl fmt::Display for Provider {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// The AI provider an account, a route or a request belongs to: the kit's, shared by
+/// every plugin.
+pub use pooler_plugin_kit::Provider;
 
 /// A model family: the unit Claude's scoped weekly windows (`7d_<bucket>`) apply to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

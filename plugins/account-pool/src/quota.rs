@@ -10,7 +10,8 @@
 use crate::http::Headers;
 use crate::model::Family;
 use pooler_plugin_kit::time::{
-    FAR_FUTURE_MS, RESET_HORIZON_MS, after, secs_text_to_ms, secs_to_ms, within_horizon,
+    FAR_FUTURE_MS, RESET_HORIZON_MS, RetryAfter, after, parse_http_date, secs_text_to_ms,
+    secs_to_ms, within_horizon,
 };
 use serde_json::Value;
 
@@ -40,12 +41,6 @@ pub fn parse_reset(s: &str) -> Option<u64> {
     parse_http_date(s)
 }
 
-fn parse_http_date(s: &str) -> Option<u64> {
-    let t = httpdate::parse_http_date(s).ok()?;
-    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
-    u64::try_from(d.as_millis()).ok()
-}
-
 /// `Retry-After` as a delay in milliseconds: numeric seconds (fractions rounded up to the
 /// millisecond) or an HTTP date minus `now`. Missing, invalid or past the horizon: 1 s.
 pub fn parse_retry_after(value: Option<&str>, now: u64) -> u64 {
@@ -56,11 +51,9 @@ pub fn parse_retry_after(value: Option<&str>, now: u64) -> u64 {
 /// [`RESET_HORIZON_MS`] ahead (a date in year 9999 would hold an account, and tell the
 /// client to wait, for millennia).
 pub fn retry_after_ms(value: Option<&str>, now: u64) -> Option<u64> {
-    let v = value?.trim();
-    let delay = if v.parse::<f64>().is_ok() {
-        secs_text_to_ms(v)?
-    } else {
-        parse_http_date(v)?.saturating_sub(now)
+    let delay = match pooler_plugin_kit::time::parse_retry_after(value?)? {
+        RetryAfter::Delay(ms) => ms,
+        RetryAfter::At(at) => at.saturating_sub(now),
     };
     (delay <= RESET_HORIZON_MS).then_some(delay)
 }

@@ -11,11 +11,12 @@
 //!     "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
 //!     "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
 //!     "pooler:plugins/metrics@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::metrics,
+//!     "pooler:plugins/types@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::types,
 //! },
 //! ```
 
 /// Bindings for the shared imports only: the contract's `sqlite`, `log` and `metrics`
-/// interfaces.
+/// interfaces, and its shared `types`.
 pub mod wit {
     wit_bindgen::generate!({
         path: "../../wit",
@@ -26,13 +27,14 @@ pub mod wit {
                 import pooler:plugins/sqlite@0.1.0;
                 import pooler:plugins/log@0.1.0;
                 import pooler:plugins/metrics@0.1.0;
+                import pooler:plugins/types@0.1.0;
             }
         ",
         generate_all,
     });
 }
 
-pub use wit::pooler::plugins::{log as wit_log, metrics as wit_metrics, sqlite};
+pub use wit::pooler::plugins::{log as wit_log, metrics as wit_metrics, sqlite, types};
 
 use crate::db::{Db, DbError, Rows, Value};
 use crate::log::{Level, Log};
@@ -159,5 +161,67 @@ impl Metrics for WitMetrics {
     }
     fn observe(&self, name: &str, labels: &[(&str, &str)], seconds: f64) {
         wit_metrics::observe(name, &to_wit_labels(labels), seconds);
+    }
+}
+
+impl From<types::Provider> for crate::Provider {
+    fn from(p: types::Provider) -> Self {
+        match p {
+            types::Provider::Claude => crate::Provider::Claude,
+            types::Provider::Codex => crate::Provider::Codex,
+        }
+    }
+}
+
+impl From<crate::Provider> for types::Provider {
+    fn from(p: crate::Provider) -> Self {
+        match p {
+            crate::Provider::Claude => types::Provider::Claude,
+            crate::Provider::Codex => types::Provider::Codex,
+        }
+    }
+}
+
+impl From<types::ChangeCause> for crate::cause::ChangeCause {
+    fn from(c: types::ChangeCause) -> Self {
+        use crate::cause::ChangeCause as C;
+        use types::ChangeCause as W;
+        match c {
+            W::AccountAdded => C::AccountAdded,
+            W::AccountEnabled => C::AccountEnabled,
+            W::AccountDisabled => C::AccountDisabled,
+            W::AccountRemoved => C::AccountRemoved,
+            W::ErrorCleared => C::ErrorCleared,
+            W::ErrorSet => C::ErrorSet,
+            W::HoldEnded => C::HoldEnded,
+            W::ConfigChanged => C::ConfigChanged,
+            W::RoutingChanged => C::RoutingChanged,
+            W::PriorityChanged => C::PriorityChanged,
+            W::EarlierResetObserved => C::EarlierResetObserved,
+            W::LaterResetObserved => C::LaterResetObserved,
+            W::ResetPassed => C::ResetPassed,
+        }
+    }
+}
+
+impl From<crate::cause::ChangeCause> for types::ChangeCause {
+    fn from(c: crate::cause::ChangeCause) -> Self {
+        use crate::cause::ChangeCause as C;
+        use types::ChangeCause as W;
+        match c {
+            C::AccountAdded => W::AccountAdded,
+            C::AccountEnabled => W::AccountEnabled,
+            C::AccountDisabled => W::AccountDisabled,
+            C::AccountRemoved => W::AccountRemoved,
+            C::ErrorCleared => W::ErrorCleared,
+            C::ErrorSet => W::ErrorSet,
+            C::HoldEnded => W::HoldEnded,
+            C::ConfigChanged => W::ConfigChanged,
+            C::RoutingChanged => W::RoutingChanged,
+            C::PriorityChanged => W::PriorityChanged,
+            C::EarlierResetObserved => W::EarlierResetObserved,
+            C::LaterResetObserved => W::LaterResetObserved,
+            C::ResetPassed => W::ResetPassed,
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod db;
 pub mod format;
 pub mod log;
 pub mod metrics;
+pub mod provider;
 pub mod time;
 
 #[cfg(feature = "component")]
@@ -26,3 +27,4 @@ pub use db::NativeDb;
 pub use db::{Db, DbError, Row, Rows, Value};
 pub use log::{Level, Log};
 pub use metrics::{Metrics, NoMetrics};
+pub use provider::Provider;

@@ -78,6 +78,36 @@ pub fn secs_text_to_ms(text: &str) -> Option<u64> {
     )
 }
 
+/// A `Retry-After` value as the upstream stated it ([`parse_retry_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// A delay in seconds, as milliseconds rounded up ([`secs_text_to_ms`]).
+    Delay(u64),
+    /// An HTTP date, as epoch milliseconds.
+    At(u64),
+}
+
+/// Read a `Retry-After` value: delay seconds (a number; upstreams send fractions too) or an
+/// HTTP date. None for anything else, a negative or non-finite number included. The one
+/// reading of the header: the pool turns it into a wait, the core into a deadline, each
+/// with its own rounding.
+pub fn parse_retry_after(value: &str) -> Option<RetryAfter> {
+    let v = value.trim();
+    if v.parse::<f64>().is_ok() {
+        secs_text_to_ms(v).map(RetryAfter::Delay)
+    } else {
+        parse_http_date(v).map(RetryAfter::At)
+    }
+}
+
+/// An HTTP date (IMF-fixdate, and the obsolete RFC 850 and asctime forms) as epoch
+/// milliseconds.
+pub fn parse_http_date(text: &str) -> Option<u64> {
+    let t = httpdate::parse_http_date(text.trim()).ok()?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(d.as_millis()).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +168,24 @@ mod tests {
         ];
         for (text, want) in table {
             assert_eq!(secs_text_to_ms(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_delay_seconds_or_an_http_date() {
+        assert_eq!(parse_retry_after("7"), Some(RetryAfter::Delay(7_000)));
+        assert_eq!(parse_retry_after(" 1.5 "), Some(RetryAfter::Delay(1_500)));
+        assert_eq!(parse_retry_after("0.0001"), Some(RetryAfter::Delay(1)));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(RetryAfter::At(1_445_412_480_000))
+        );
+        assert_eq!(
+            parse_retry_after("1e300"),
+            Some(RetryAfter::Delay(FAR_FUTURE_MS))
+        );
+        for bad in ["-1", "NaN", "inf", "", "soon", "Wed, 21 Oct 2015"] {
+            assert_eq!(parse_retry_after(bad), None, "{bad:?}");
         }
     }
 }

@@ -15,6 +15,7 @@ mod bindings {
             "pooler:plugins/sqlite@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::sqlite,
             "pooler:plugins/log@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::log,
             "pooler:plugins/metrics@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::metrics,
+            "pooler:plugins/types@0.1.0": pooler_plugin_kit::component::wit::pooler::plugins::types,
         },
         generate_all,
     });
@@ -26,9 +27,10 @@ mod retry_admin;
 use bindings::exports::pooler::plugins::{
     availability_listener, scheduler, settings as wit_settings, turn_events,
 };
-use bindings::pooler::plugins::{availability, threads, types as wit};
+use bindings::pooler::plugins::{availability, threads};
 use bindings::wasi::clocks::{monotonic_clock, wall_clock};
 use bindings::wasi::random::random;
+use pooler_plugin_kit::component::types as wit;
 
 use pooler_plugin_kit::DbError;
 use pooler_plugin_kit::component::{WitDb, WitLog, WitMetrics};
@@ -87,7 +89,7 @@ impl Random for Host {
 fn to_wit_query(q: &AvailabilityQuery) -> availability::AvailabilityQuery {
     availability::AvailabilityQuery {
         thread: q.thread.clone(),
-        provider: to_wit_provider(q.provider),
+        provider: wit::Provider::from(q.provider),
         request: q.request.clone(),
         model: q.model.clone(),
     }
@@ -112,7 +114,7 @@ impl AvailabilitySource for Host {
 fn from_wit_thread(t: threads::ThreadInfo) -> ThreadInfo {
     ThreadInfo {
         id: t.id,
-        provider: from_wit_provider(t.provider),
+        provider: Provider::from(t.provider),
         model: t.model,
         status: match t.status {
             threads::ThreadStatus::Idle => ThreadStatus::Idle,
@@ -199,20 +201,6 @@ fn with_engine<T, E: From<DbError>>(
 
 // ----- WIT ↔ plain conversions --------------------------------------------------------------
 
-fn from_wit_provider(p: wit::Provider) -> Provider {
-    match p {
-        wit::Provider::Claude => Provider::Claude,
-        wit::Provider::Codex => Provider::Codex,
-    }
-}
-
-fn to_wit_provider(p: Provider) -> wit::Provider {
-    match p {
-        Provider::Claude => wit::Provider::Claude,
-        Provider::Codex => wit::Provider::Codex,
-    }
-}
-
 fn from_wit_unavailable(r: wit::UnavailableReason) -> UnavailableReason {
     match r {
         wit::UnavailableReason::NoEnabledAccount => UnavailableReason::NoEnabledAccount,
@@ -262,25 +250,6 @@ fn to_wit_availability(a: Availability) -> wit::Availability {
             },
         }),
         Availability::Unavailable(r) => wit::Availability::Unavailable(to_wit_unavailable(r)),
-    }
-}
-
-fn from_wit_cause(c: wit::ChangeCause) -> ChangeCause {
-    use wit::ChangeCause as W;
-    match c {
-        W::AccountAdded => ChangeCause::AccountAdded,
-        W::AccountEnabled => ChangeCause::AccountEnabled,
-        W::AccountDisabled => ChangeCause::AccountDisabled,
-        W::AccountRemoved => ChangeCause::AccountRemoved,
-        W::ErrorCleared => ChangeCause::ErrorCleared,
-        W::ErrorSet => ChangeCause::ErrorSet,
-        W::HoldEnded => ChangeCause::HoldEnded,
-        W::ConfigChanged => ChangeCause::ConfigChanged,
-        W::RoutingChanged => ChangeCause::RoutingChanged,
-        W::PriorityChanged => ChangeCause::PriorityChanged,
-        W::EarlierResetObserved => ChangeCause::EarlierResetObserved,
-        W::LaterResetObserved => ChangeCause::LaterResetObserved,
-        W::ResetPassed => ChangeCause::ResetPassed,
     }
 }
 
@@ -335,7 +304,7 @@ fn from_wit_failure(f: wit::Failure) -> Failure {
 
 fn from_wit_snapshot(s: wit::RateLimitSnapshot) -> RateLimitSnapshot {
     RateLimitSnapshot {
-        provider: from_wit_provider(s.provider),
+        provider: Provider::from(s.provider),
         status: from_wit_limit_status(s.status),
         kind: match s.kind {
             wit::LimitKind::SubscriptionWindow => LimitKind::SubscriptionWindow,
@@ -424,8 +393,8 @@ fn to_wit_settings_error(e: SettingsError) -> wit_settings::SettingsError {
 impl availability_listener::Guest for Component {
     fn availability_changed(change: wit::AvailabilityChange) -> Result<(), wit::PluginError> {
         let change = AvailabilityChange {
-            provider: from_wit_provider(change.provider),
-            causes: change.causes.into_iter().map(from_wit_cause).collect(),
+            provider: Provider::from(change.provider),
+            causes: change.causes.into_iter().map(ChangeCause::from).collect(),
             earliest: from_wit_availability(change.earliest),
             detected_at: change.detected_at,
         };
@@ -441,7 +410,7 @@ impl turn_events::Guest for Component {
     fn turn_failed(event: turn_events::TurnFailedEvent) -> Result<(), wit::PluginError> {
         let event = TurnFailedEvent {
             thread: event.thread,
-            provider: from_wit_provider(event.provider),
+            provider: Provider::from(event.provider),
             model: event.model,
             failed_request: event.failed_request,
             original_request: event.original_request,
@@ -459,7 +428,7 @@ impl turn_events::Guest for Component {
     fn turn_succeeded(event: turn_events::TurnSucceededEvent) -> Result<(), wit::PluginError> {
         let event = TurnSucceededEvent {
             thread: event.thread,
-            provider: from_wit_provider(event.provider),
+            provider: Provider::from(event.provider),
             request: event.request,
             original_request: event.original_request,
             attempt: event.attempt,

@@ -239,7 +239,7 @@ pub fn open_chains(db: &impl Db, provider: Option<Provider>) -> Result<Vec<Chain
         Some(p) => chains_where(
             db,
             "state IN ('scheduled', 'watching') AND provider = ?1 ORDER BY id",
-            &[p.name().into()],
+            &[p.as_str().into()],
         ),
         None => chains_where(db, "state IN ('scheduled', 'watching') ORDER BY id", &[]),
     }
@@ -256,7 +256,7 @@ pub fn save_chain(db: &impl Db, chain: &Chain) -> Result<i64, DbError> {
         chain.thread.as_str().into(),
         chain.original_request.as_str().into(),
         chain.failed_request.as_str().into(),
-        chain.provider.name().into(),
+        chain.provider.as_str().into(),
         chain.model.clone().into(),
         chain.failed_attempt.into(),
         chain.chain_started_at.into(),

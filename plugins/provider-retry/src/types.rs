@@ -10,28 +10,8 @@ use std::fmt;
 /// A point in time: unix epoch milliseconds (UTC).
 pub type Timestamp = u64;
 
-/// The AI provider of a thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Provider {
-    Claude,
-    Codex,
-}
-
-impl Provider {
-    pub fn name(self) -> &'static str {
-        match self {
-            Provider::Claude => "claude",
-            Provider::Codex => "codex",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "claude" => Some(Provider::Claude),
-            "codex" => Some(Provider::Codex),
-            _ => None,
-        }
-    }
-}
+/// The AI provider of a thread: the kit's, shared by every plugin.
+pub use pooler_plugin_kit::Provider;
 
 /// Why the pool cannot say when it will serve again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

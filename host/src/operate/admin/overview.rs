@@ -172,10 +172,7 @@ pub(super) async fn overview(admin: &Admin, utc_offset_s: i32) -> Overview {
                             ThreadOverview {
                                 retry: candidates.iter().find(|c| c.thread == id).cloned(),
                                 id,
-                                provider: match view.info.provider {
-                                    pooler_core::Provider::Claude => ProviderName::Claude,
-                                    pooler_core::Provider::Codex => ProviderName::Codex,
-                                },
+                                provider: view.info.provider,
                                 model: view.info.model.clone(),
                                 agent: view.agent.as_str().to_owned(),
                                 status: view.info.status.as_str().to_owned(),

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::{Admin, AdminRequest, ApiError, Reply};
 use crate::operate::timeline::waiting_periods;
-use crate::operate::wire::{AccountView, ProviderName};
+use crate::operate::wire::AccountView;
 use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{QuotaEntry, QuotaEvent};
 
 /// The default span: a week's chart.
@@ -110,10 +110,7 @@ async fn timeline(admin: &Admin, now: u64, since: u64) -> Value {
         match core.list_threads() {
             Ok(threads) => {
                 for view in threads.into_iter().filter(|t| !t.info.archived) {
-                    let provider = match view.info.provider {
-                        pooler_core::Provider::Claude => ProviderName::Claude,
-                        pooler_core::Provider::Codex => ProviderName::Codex,
-                    };
+                    let provider = view.info.provider;
                     match core.show(&view.info.id) {
                         Ok(show) => {
                             for (from, until) in waiting_periods(&show.turns, since) {

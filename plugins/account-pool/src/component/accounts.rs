@@ -2,10 +2,11 @@
 //! listing accounts, each through the admin surface, and the conversions of its types.
 
 use super::bindings::exports::pooler::plugins::accounts;
-use super::bindings::pooler::plugins::types;
-use super::{Component, provider_in, provider_out, with_admin};
+use super::{Component, with_admin};
 use crate::admin::{self, NewAccount};
 use crate::model;
+use crate::model::Provider;
+use pooler_plugin_kit::component::types;
 
 fn extra_usage_out(allow: bool) -> accounts::ExtraUsage {
     if allow {
@@ -36,7 +37,7 @@ fn options_in(o: accounts::AccountOptions) -> model::AccountOptions {
 fn account_out(a: admin::AccountInfo) -> accounts::AccountInfo {
     accounts::AccountInfo {
         id: a.id,
-        provider: provider_out(a.provider),
+        provider: types::Provider::from(a.provider),
         kind: match a.kind {
             model::CredentialKind::ApiKey => accounts::CredentialKind::ApiKey,
             model::CredentialKind::OAuth => accounts::CredentialKind::Oauth,
@@ -81,7 +82,9 @@ fn accounts_error(e: admin::AccountsError) -> accounts::AccountsError {
     use admin::AccountsError as A;
     match e {
         A::NoSuchAccount(id) => accounts::AccountsError::NoSuchAccount(id),
-        A::ApiKeyNotSupported(p) => accounts::AccountsError::ApiKeyNotSupported(provider_out(p)),
+        A::ApiKeyNotSupported(p) => {
+            accounts::AccountsError::ApiKeyNotSupported(types::Provider::from(p))
+        }
         A::InvalidCredential(m) => accounts::AccountsError::InvalidCredential(m),
         A::InvalidLoginFile(m) => accounts::AccountsError::InvalidLoginFile(m),
         A::InvalidLabel(m) => accounts::AccountsError::InvalidLabel(m),
@@ -111,7 +114,7 @@ impl accounts::Guest for Component {
     ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
         let credential = credential_in(account.credential);
         let new = NewAccount {
-            provider: provider_in(account.provider),
+            provider: Provider::from(account.provider),
             credential,
             label: account.label,
             priority: account.priority,
@@ -129,7 +132,7 @@ impl accounts::Guest for Component {
         priority: Option<i32>,
     ) -> Result<accounts::AccountInfo, accounts::AccountsError> {
         with_admin(accounts::AccountsError::Storage, |a| {
-            a.import_login(provider_in(provider), &contents, label, priority)
+            a.import_login(Provider::from(provider), &contents, label, priority)
                 .map(account_out)
                 .map_err(accounts_error)
         })
@@ -169,7 +172,7 @@ impl accounts::Guest for Component {
         ids: Vec<String>,
     ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
         with_admin(accounts::AccountsError::Storage, |a| {
-            a.reorder(provider_in(provider), &ids)
+            a.reorder(Provider::from(provider), &ids)
                 .map(|l| l.into_iter().map(account_out).collect())
                 .map_err(accounts_error)
         })
@@ -216,7 +219,7 @@ impl accounts::Guest for Component {
         provider: Option<types::Provider>,
     ) -> Result<Vec<accounts::AccountInfo>, accounts::AccountsError> {
         with_admin(accounts::AccountsError::Storage, |a| {
-            a.list(provider.map(provider_in))
+            a.list(provider.map(Provider::from))
                 .map(|l| l.into_iter().map(account_out).collect())
                 .map_err(accounts_error)
         })
@@ -227,7 +230,7 @@ impl accounts::Guest for Component {
         since: u64,
     ) -> Result<Vec<accounts::QuotaEntry>, accounts::AccountsError> {
         with_admin(accounts::AccountsError::Storage, |a| {
-            a.quota_history(provider.map(provider_in), since)
+            a.quota_history(provider.map(Provider::from), since)
                 .map(|l| l.into_iter().map(quota_entry_out).collect())
                 .map_err(accounts_error)
         })

@@ -57,6 +57,11 @@ impl Admitted {
     pub fn max_body(&self) -> u64 {
         self.settings.max_request_body
     }
+
+    /// The provider of the endpoint the request was matched to.
+    pub fn provider(&self) -> Provider {
+        self.endpoint.provider()
+    }
 }
 
 /// What a request comes to before it chooses an account, read in one read transaction.

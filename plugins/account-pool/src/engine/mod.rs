@@ -265,10 +265,14 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     /// ([`report`]).
     pub async fn handle(&self, req: IncomingRequest) -> Response<U::Body> {
         let start = self.env.now();
-        let shape = match http::match_route(&req.method, &req.path) {
-            RouteMatch::Endpoint(e) => e.provider(),
-            RouteMatch::MethodNotAllowed(p) => p,
-            RouteMatch::NotFound(p) => p.unwrap_or(Provider::Claude),
+        // A screened request's route was matched by its screen.
+        let shape = match &self.admitted {
+            Some(a) => a.provider(),
+            None => match http::match_route(&req.method, &req.path) {
+                RouteMatch::Endpoint(e) => e.provider(),
+                RouteMatch::MethodNotAllowed(p) => p,
+                RouteMatch::NotFound(p) => p.unwrap_or(Provider::Claude),
+            },
         };
         self.report.borrow_mut().provider = Some(shape);
         let response = match self.handle_inner(&req).await {

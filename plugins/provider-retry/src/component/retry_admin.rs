@@ -2,11 +2,9 @@
 //! the engine, and the conversions of their answers and errors to WIT.
 
 use super::bindings::exports::pooler::plugins::retry_admin as admin;
-use super::bindings::pooler::plugins::types as wit;
 use super::{Component, to_wit_availability, with_engine};
-use crate::types::{
-    Action, AdminError, Candidate, CandidateState, ChangeCause, HistoryEntry, Trigger,
-};
+use crate::types::{Action, AdminError, Candidate, CandidateState, HistoryEntry, Trigger};
+use pooler_plugin_kit::component::types as wit;
 
 fn to_wit_admin_error(e: AdminError) -> admin::AdminError {
     match e {
@@ -14,25 +12,6 @@ fn to_wit_admin_error(e: AdminError) -> admin::AdminError {
         AdminError::NothingPending(t) => admin::AdminError::NothingPending(t),
         AdminError::Dependency(m) => admin::AdminError::Dependency(m),
         AdminError::Storage(m) => admin::AdminError::Storage(m),
-    }
-}
-
-fn to_wit_cause(c: ChangeCause) -> wit::ChangeCause {
-    use wit::ChangeCause as W;
-    match c {
-        ChangeCause::AccountAdded => W::AccountAdded,
-        ChangeCause::AccountEnabled => W::AccountEnabled,
-        ChangeCause::AccountDisabled => W::AccountDisabled,
-        ChangeCause::AccountRemoved => W::AccountRemoved,
-        ChangeCause::ErrorCleared => W::ErrorCleared,
-        ChangeCause::ErrorSet => W::ErrorSet,
-        ChangeCause::HoldEnded => W::HoldEnded,
-        ChangeCause::ConfigChanged => W::ConfigChanged,
-        ChangeCause::RoutingChanged => W::RoutingChanged,
-        ChangeCause::PriorityChanged => W::PriorityChanged,
-        ChangeCause::EarlierResetObserved => W::EarlierResetObserved,
-        ChangeCause::LaterResetObserved => W::LaterResetObserved,
-        ChangeCause::ResetPassed => W::ResetPassed,
     }
 }
 
@@ -59,7 +38,7 @@ fn to_wit_entry(e: HistoryEntry) -> admin::HistoryEntry {
         trigger: match e.trigger {
             Trigger::Failure => admin::Trigger::Failure,
             Trigger::Signal(causes) => {
-                admin::Trigger::Signal(causes.into_iter().map(to_wit_cause).collect())
+                admin::Trigger::Signal(causes.into_iter().map(wit::ChangeCause::from).collect())
             }
             Trigger::Start => admin::Trigger::Start,
             Trigger::Tick => admin::Trigger::Tick,
