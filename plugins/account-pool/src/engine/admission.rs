@@ -208,6 +208,8 @@ pub(super) struct Snapshot {
     /// The secret of the account the request will most likely try first: the pin's, the
     /// parent's, or the cursor's when the strategy follows it.
     pub(super) secret: Option<Secret>,
+    /// When it was read.
+    pub(super) read_at: u64,
 }
 
 impl Snapshot {
@@ -243,6 +245,7 @@ impl Snapshot {
             inherited,
             cursor,
             secret,
+            read_at: now,
         })
     }
 }
@@ -410,7 +413,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             family: info.family,
             key: info.key.as_deref(),
             settings: &settings,
-            secret: std::cell::Cell::new(snapshot.secret.take()),
+            secret: std::cell::Cell::new(snapshot.secret.take().map(|s| (snapshot.read_at, s))),
         };
         self.route(&ctx, &thread, snapshot).await
     }

@@ -3,6 +3,7 @@
 //! take), each written only over the tokens it replaced, with their backoff and the error
 //! and sign-in flags a refused refresh sets.
 
+use super::admission::HEAD_READ_FRESH_MS;
 use super::attempt::Attempt;
 use super::{
     Cancel, Clock, Ctx, Deadlines, Engine, Level, Log, Raced, Random, TransportError, Upstream,
@@ -38,8 +39,9 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 {
     /// The credential to send now, refreshing an OAuth token that expires soon (§8). A
     /// refused proactive refresh keeps a valid token serving with the sign-in flag (#6167).
-    /// The request's first try on the account its snapshot read the secret of uses that
-    /// read; every other try reads the secret again (a refresh may have replaced it).
+    /// The request's first try uses the secret its snapshot read, when it is for this
+    /// account and no older than [`HEAD_READ_FRESH_MS`] (an inline wait may come first);
+    /// every other try reads the secret again (a refresh may have replaced it).
     pub(super) async fn usable_credential(
         &self,
         ctx: &Ctx<'_>,
@@ -48,7 +50,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         let (provider, s) = (ctx.provider, ctx.settings);
         let id = state.id.as_str();
         let upstream_name = provider.upstream_name();
-        let read_ahead = ctx.secret.take().filter(|secret| secret.id == id);
+        let now = self.env.now();
+        let read_ahead = ctx
+            .secret
+            .take()
+            .filter(|(at, secret)| secret.id == id && now.saturating_sub(*at) <= HEAD_READ_FRESH_MS)
+            .map(|(_, secret)| secret);
         let Secret {
             credential,
             refresh: rs,

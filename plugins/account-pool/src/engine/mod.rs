@@ -231,8 +231,8 @@ struct Ctx<'r> {
     key: Option<&'r str>,
     settings: &'r Settings,
     /// The secret the request's read took along for the account it will most likely try
-    /// first; taken by the first try on that account.
-    secret: std::cell::Cell<Option<crate::store::Secret>>,
+    /// first, and when it was read; taken by the request's first try.
+    secret: std::cell::Cell<Option<(u64, crate::store::Secret)>>,
 }
 
 impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>

@@ -340,3 +340,37 @@ fn a_body_naming_another_session_or_arriving_late_is_decided_on_a_fresh_read() {
     assert_eq!(late(&p), (200, 1), "the pin is read again");
     assert_eq!(p.up.seen(), ["a", "a", "a"]);
 }
+
+/// The secret the read took along is used only while it is fresh: a request that first
+/// waits out its account's short hold reads the secret again before it sends.
+#[test]
+fn a_secret_read_before_an_inline_wait_is_read_again() {
+    let p = Pool::abc();
+    assert_eq!(
+        served_transactions(&p, claude_code_req(&p, "S", "S")).0,
+        200
+    );
+    let now = p.env.now();
+    p.store()
+        .set_hold(
+            &p.id("a"),
+            now + 2 * HEAD_READ_FRESH_MS,
+            crate::model::HoldKind::RateLimit,
+            now,
+        )
+        .unwrap();
+    let (status, groups) = served_transactions(&p, claude_code_req(&p, "S", "S"));
+    assert_eq!(status, 200);
+    assert_eq!(
+        *p.env.sleeps.borrow(),
+        [2 * HEAD_READ_FRESH_MS],
+        "waited inline"
+    );
+    let secret_reads = groups
+        .iter()
+        .flatten()
+        .filter(|s| s.starts_with("SELECT a.kind, s.api_key"))
+        .count();
+    assert_eq!(secret_reads, 2, "{groups:?}");
+    assert_eq!(p.up.seen(), ["a", "a"]);
+}
