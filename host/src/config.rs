@@ -60,17 +60,22 @@ use crate::runtime::roles::Role;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Config {
+    /// `[server]`: the HTTP listener.
     #[serde(default)]
     pub server: ServerConfig,
     /// Per-role plugin settings, keyed by role name (`account-pool`, `provider-retry`).
     #[serde(default)]
     pub plugins: BTreeMap<String, PluginConfig>,
+    /// `[maintenance]`: the host-driven periodic calls.
     #[serde(default)]
     pub maintenance: MaintenanceConfig,
+    /// `[core]`: the threads, turns and retry queue the host plays.
     #[serde(default)]
     pub core: CoreConfig,
+    /// `[agents]`: the agent CLIs that run agent threads' turns.
     #[serde(default)]
     pub agents: AgentsConfig,
+    /// `[alerts]`: when and how a person is told the pool needs them.
     #[serde(default)]
     pub alerts: AlertsConfig,
 }
@@ -347,6 +352,7 @@ fn default_turn_idle_timeout_s() -> u64 {
 /// The accepted range of `server.max-header-bytes`: hyper's smallest read buffer, and a
 /// megabyte (no agent sends a head near that).
 pub const MIN_HEADER_BYTES: usize = 8 << 10;
+/// The upper end of the accepted range of `server.max-header-bytes` (see [`MIN_HEADER_BYTES`]).
 pub const MAX_HEADER_BYTES: usize = 1 << 20;
 
 /// `[server]`: the HTTP listener.
@@ -449,6 +455,7 @@ pub const DEFAULT_POOL_HOSTS: [&str; 4] = [
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PluginConfig {
+    /// The component: `embedded` (the default), `none`, or a path to a component file.
     #[serde(default = "default_component")]
     pub component: ComponentSource,
     /// Where the plugin may send HTTP requests: `host` (https on 443; a loopback host on

@@ -59,6 +59,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod cli;
 pub mod config;
 pub mod mediation;

@@ -300,6 +300,7 @@ struct LoginArgs {
     device_timeout_secs: u64,
 }
 
+/// Run `pooler account …` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     match args.command {

@@ -37,6 +37,7 @@ fn deliveries(config: &Value) {
     println!("command: {}", shown(&config["command"]));
 }
 
+/// Run `pooler alerts …` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     match args.command {

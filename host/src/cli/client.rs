@@ -158,8 +158,12 @@ pub struct NoServer(pub String);
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiFailure {
+    /// The HTTP status of the answer.
     pub status: StatusCode,
+    /// The stable error code (`no-such-account`, `invalid-provider`, …); `unknown` when the
+    /// body carried none.
     pub code: String,
+    /// What is wrong, for a person; `the server answered <status>` when the body said nothing.
     pub message: String,
 }
 
@@ -206,18 +210,22 @@ impl Client {
         &self.url
     }
 
+    /// `GET path`; see [`Client::call`].
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         self.call(Method::GET, path, None).await
     }
 
+    /// `POST path` with `body` as JSON; see [`Client::call`].
     pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// `PUT path` with `body` as JSON; see [`Client::call`].
     pub async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         self.call(Method::PUT, path, Some(body)).await
     }
 
+    /// `DELETE path`; see [`Client::call`].
     pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
         self.call(Method::DELETE, path, None).await
     }

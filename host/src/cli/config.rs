@@ -43,6 +43,7 @@ enum ConfigCommand {
     },
 }
 
+/// Run `pooler config …` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     match args.command {

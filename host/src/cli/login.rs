@@ -59,7 +59,9 @@ const MAX_ANSWER_BYTES: usize = 256 * 1024;
 /// The tokens of a finished sign-in: the admin API's `oauth` credential.
 #[derive(Clone)]
 pub struct Tokens {
+    /// The OAuth access token the pool sends upstream.
     pub access_token: String,
+    /// The refresh token the pool renews the access token with.
     pub refresh_token: String,
     /// Epoch milliseconds, when known.
     pub expires_at: Option<u64>,
@@ -164,11 +166,14 @@ pub struct OAuthHttp {
 /// What an OAuth endpoint answered: its status and its body as JSON (`null` when it was
 /// not JSON).
 pub struct Answer {
+    /// The HTTP status the endpoint answered with.
     pub status: StatusCode,
+    /// The body parsed as JSON; `null` when it was not JSON.
     pub body: Value,
 }
 
 impl OAuthHttp {
+    /// A client with a 10-second connect timeout; loopback may be plain HTTP, the rest HTTPS.
     pub fn new() -> OAuthHttp {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -242,10 +247,15 @@ impl Default for OAuthHttp {
 /// Where Claude's sign-in happens (each overridable for tests).
 #[derive(Debug, Clone)]
 pub struct ClaudeEndpoints {
+    /// The page the person is sent to, to sign in.
     pub authorize_url: String,
+    /// Where the authorization code is exchanged for tokens.
     pub token_url: String,
+    /// The redirect URI registered for the client: the page that shows `CODE#STATE`.
     pub redirect_uri: String,
+    /// The public OAuth client id.
     pub client_id: String,
+    /// The scopes asked for, space-separated.
     pub scopes: String,
 }
 
@@ -275,6 +285,7 @@ impl std::fmt::Debug for ClaudeSignIn {
 }
 
 impl ClaudeSignIn {
+    /// Start a sign-in with a fresh random PKCE verifier and state.
     pub fn start(endpoints: ClaudeEndpoints) -> anyhow::Result<ClaudeSignIn> {
         Ok(ClaudeSignIn {
             verifier: random_token()?,
@@ -458,6 +469,7 @@ pub struct CodexEndpoints {
     /// The issuer: `…/api/accounts/deviceauth/{usercode,token}`, `…/codex/device`,
     /// `…/oauth/token` and `…/deviceauth/callback` hang off it.
     pub issuer: String,
+    /// The public OAuth client id.
     pub client_id: String,
     /// How long to wait for the person to enter the code.
     pub lifetime: Duration,

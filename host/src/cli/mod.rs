@@ -46,6 +46,7 @@ pub use serve::ServeArgs;
                   eval \"$(pooler route open --thread my-thread --provider claude --export)\""
 )]
 pub struct Cli {
+    /// The command to run.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -56,12 +57,23 @@ macro_rules! groups {
     ($($variant:ident => $module:ident,)*) => {
         $(pub mod $module;)*
 
+        /// A `pooler` command: `serve`, `components`, or one of the groups that talk to a
+        /// running server.
         #[derive(Debug, Subcommand)]
         pub enum Command {
             /// Run the host: load the plugins and serve the pool's HTTP endpoint.
             Serve(ServeArgs),
+            // The docs of these variants are `concat!` expressions, which clap does not read:
+            // a subcommand's help is its `Args` doc comment, and a plain doc comment here
+            // would replace it.
+            #[doc = concat!("`pooler components`: the components built into this binary.")]
             Components(components::Args),
-            $($variant($module::Args),)*
+            $(
+                #[doc = concat!(
+                    "`pooler ", stringify!($module), "`: see [`", stringify!($module), "::Args`]."
+                )]
+                $variant($module::Args),
+            )*
         }
 
         impl Command {

@@ -22,6 +22,7 @@ pub struct Args {
     pub(super) client: ClientArgs,
 }
 
+/// Run `pooler page` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.client.connect()?;
     let answer = client.post("page/login-codes", &json!({})).await?;

@@ -80,6 +80,7 @@ enum RetryCommand {
     },
 }
 
+/// Run `pooler retry …` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     let client = out.connect()?;

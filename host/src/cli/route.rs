@@ -58,6 +58,7 @@ enum RouteCommand {
     },
 }
 
+/// Run `pooler route …` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     match args.command {

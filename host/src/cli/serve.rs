@@ -20,6 +20,7 @@ use crate::operate::wire::ADMIN_TOKEN_FILE;
 use crate::runtime::data_lock::DataDirLock;
 use crate::runtime::{Host, HostOptions};
 
+/// Run the host: load the plugins and serve the pool's HTTP endpoint.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
     pooler serve\n  \

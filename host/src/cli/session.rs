@@ -46,6 +46,7 @@ enum SessionCommand {
     },
 }
 
+/// Run `pooler session …` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     match args.command {

@@ -52,6 +52,7 @@ pub struct Style {
     pub utc_offset_s: i32,
 }
 
+/// Run `pooler status` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.watch == Some(0) {
         return Err(UsageError("--watch needs a number of seconds of at least 1".into()).into());

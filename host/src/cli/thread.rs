@@ -67,6 +67,7 @@ enum ThreadCommand {
     Archive { thread: String },
 }
 
+/// Run `pooler thread …` against the server of `--data-dir`; `--json` prints the JSON answer.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let out = &args.client;
     let client = out.connect()?;

@@ -246,6 +246,7 @@ pub struct ChangeQueue {
 }
 
 impl ChangeQueue {
+    /// An empty, open queue; nothing is delivered until a delivery task drains it.
     pub fn new() -> Self {
         ChangeQueue {
             pending: Mutex::new(Vec::new()),

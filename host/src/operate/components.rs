@@ -30,11 +30,18 @@ pub enum ExportError {
          files are left alone)",
         dir.display()
     )]
-    NotEmpty { dir: PathBuf, entries: usize },
+    NotEmpty {
+        /// The target directory.
+        dir: PathBuf,
+        /// How many entries it has.
+        entries: usize,
+    },
     /// A file or directory could not be created, removed or written.
     #[error("cannot write {}: {error}", path.display())]
     Io {
+        /// The file or directory that could not be written.
         path: PathBuf,
+        /// What the operating system said.
         error: std::io::Error,
     },
     /// The binary was built without a role's component (cannot happen with `build.rs`'s list).
@@ -57,6 +64,7 @@ impl ExportError {
 pub struct Written {
     /// Relative to the export directory, with `/`.
     pub path: String,
+    /// The file's size in bytes.
     pub bytes: u64,
 }
 

@@ -38,7 +38,9 @@ pub const BUCKETS: [f64; 16] = [
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("metric `{name}` refused: {why}")]
 pub struct Refused {
+    /// The metric name that was refused.
     pub name: String,
+    /// Why, for the log (`more than 8 labels`).
     pub why: String,
 }
 
@@ -84,8 +86,11 @@ impl Family {
 /// A gauge computed at scrape time: one name, its help and its series.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gauge {
+    /// The metric name, as Prometheus shows it.
     pub name: String,
+    /// The `# HELP` text.
     pub help: String,
+    /// Each series: its label pairs and its value.
     pub series: Vec<(Labels, f64)>,
 }
 
@@ -165,6 +170,7 @@ fn canonical<K: AsRef<str>, V: AsRef<str>>(
 }
 
 impl Registry {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }

@@ -38,8 +38,11 @@ use crate::operate::wire::{
 pub struct Overview {
     /// The host clock at the snapshot (epoch ms).
     pub now: u64,
+    /// Per provider: whether it can serve now, or when next, and its accounts summed up.
     pub providers: Vec<ProviderOverview>,
+    /// The pool's accounts, as `accounts.list-accounts` gave them (no secret in them).
     pub accounts: Vec<AccountView>,
+    /// The core's threads that are not archived, each with its retry.
     pub threads: Vec<ThreadOverview>,
     /// Account id → sessions pinned to it (absent: none).
     #[serde(default)]
@@ -50,6 +53,7 @@ pub struct Overview {
     /// When "today" began for `tokens` (epoch ms).
     #[serde(default)]
     pub tokens_today_since: u64,
+    /// The parts that could not be read; the rest of the snapshot is filled in regardless.
     pub problems: Vec<Problem>,
 }
 
@@ -64,6 +68,7 @@ pub fn day_start(now: u64, utc_offset_s: i32) -> u64 {
 /// One provider's accounts, summed up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProviderOverview {
+    /// The provider summed up (`claude` or `codex`).
     pub provider: ProviderName,
     /// Accounts of the provider.
     pub accounts: usize,
@@ -87,25 +92,38 @@ pub enum Serving {
     Ready,
     /// Nothing serves before `retry_at`: the earliest reset or end of hold among the enabled
     /// accounts; `cause` is `held` when that account is held, else `quota-exhausted`.
-    Blocked { retry_at: u64, cause: String },
+    Blocked {
+        /// The earliest reset or end of hold among the enabled accounts. Epoch milliseconds.
+        retry_at: u64,
+        /// `held` or `quota-exhausted`.
+        cause: String,
+    },
     /// Nothing serves and no time is known: `reason` is `no-enabled-account`,
     /// `authentication` (every enabled account is in error) or `reset-unknown`.
-    Unavailable { reason: String },
+    Unavailable {
+        /// `no-enabled-account`, `authentication` or `reset-unknown`.
+        reason: String,
+    },
 }
 
 /// A thread that is not archived, with its retry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThreadOverview {
+    /// The thread's id.
     pub id: String,
+    /// The provider the thread runs on.
     pub provider: ProviderName,
+    /// The model the thread asked for, when it named one.
     pub model: Option<String>,
     /// `http`, `claude-code` or `codex`.
     pub agent: String,
     /// `idle`, `active` or `error`.
     pub status: String,
+    /// Whether the thread opted out of automatic retries.
     pub retry_opt_out: bool,
     /// A person's message waits to start.
     pub input_queued: bool,
+    /// When the core created the thread. Epoch milliseconds.
     pub created_at: u64,
     /// The pool's availability answer for this thread (None when it was not asked).
     pub availability: Option<AvailabilityView>,
@@ -118,9 +136,13 @@ pub struct ThreadOverview {
 /// A live row of the core's retry queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowOverview {
+    /// The row's id in the core's retry queue.
     pub id: u64,
+    /// When the row is sent. Epoch milliseconds.
     pub send_at: u64,
+    /// The attempt the row's dispatch will carry (rescheduling never changes it).
     pub attempt: u32,
+    /// Why the row was scheduled, as Provider Retry stated it.
     pub reason: String,
     /// Due, but waiting for a free slot under the concurrency limit.
     pub waiting_for_slot: bool,
@@ -131,6 +153,7 @@ pub struct RowOverview {
 pub struct Problem {
     /// `accounts`, `threads`, `retries` or `availability`.
     pub part: String,
+    /// What went wrong, for a person.
     pub message: String,
 }
 

@@ -81,6 +81,7 @@ impl Server {
         Ok(self)
     }
 
+    /// The address the server listens on (the actual port when bound to port 0).
     pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
     }

@@ -66,23 +66,36 @@ pub fn provider_arg() -> impl clap::builder::TypedValueParser<Value = ProviderNa
 /// An account as the admin API shows it. Contains no secret.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AccountView {
+    /// The account's id, assigned by the pool when it was added.
     pub id: String,
+    /// The provider the account serves (`claude` or `codex`); fixed for the account's life.
     pub provider: ProviderName,
     /// `api-key` or `oauth`.
     pub kind: String,
+    /// The label people know it by: 1 to 200 characters.
     pub label: String,
+    /// Lower is tried first; ties keep the order the accounts were added in. May be negative.
     pub priority: i32,
+    /// False once a person disabled it (status `disabled`), true again after `enable`.
     pub enabled: bool,
     /// `disabled`, `error`, `held`, `exhausted`, `near-limit` or `ready`.
     pub status: String,
     /// `…abcd` for an API key, `oauth` for OAuth.
     pub secret_hint: String,
+    /// When the account was added. Epoch milliseconds.
     pub created_at: u64,
+    /// When the pool last tried a request upstream with it (to the second); null when never.
+    /// Epoch milliseconds.
     pub last_used_at: Option<u64>,
+    /// The authentication error, when the status is `error`; credentials in it are redacted.
     pub error: Option<String>,
+    /// The end of the current hold, when held. Epoch milliseconds.
     pub held_until: Option<u64>,
+    /// A proactive OAuth refresh was refused: it still serves, but a person should sign in again.
     pub needs_sign_in: bool,
+    /// When the OAuth access token expires, when known. Epoch milliseconds.
     pub token_expires_at: Option<u64>,
+    /// The quota windows observed for it.
     pub windows: Vec<WindowView>,
     /// When a blocked account serves again, when known.
     pub blocking_reset: Option<u64>,
@@ -133,13 +146,19 @@ impl AccountView {
 /// One observed quota window of an account.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WindowView {
+    /// The window's name: `5h`, `7d`, `7d_<bucket>` (Claude), `primary` or `secondary` (Codex).
     pub name: String,
+    /// The model family a scoped window applies to (`opus`, `sonnet`, …); null for a shared one.
     pub family: Option<String>,
     /// 0..=1.
     pub utilization: Option<f64>,
+    /// When the window resets, when known. Epoch milliseconds.
     pub resets_at: Option<u64>,
+    /// `allowed`, `allowed_warning` or `rejected`, as the provider last stated it.
     pub status: Option<String>,
+    /// Whether this window blocks the account now.
     pub blocking: bool,
+    /// When the window was observed. Epoch milliseconds.
     pub observed_at: u64,
 }
 
@@ -148,8 +167,11 @@ pub struct WindowView {
 /// A route as the admin API shows it, once, to whoever opened it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteView {
+    /// The thread the route belongs to.
     pub thread: String,
+    /// The provider the route serves.
     pub provider: ProviderName,
+    /// The URL the agent sends its requests to (the server's endpoint; plus `/v1` for Codex).
     pub base_url: String,
     /// The route's secret token.
     pub token: String,
@@ -159,13 +181,16 @@ pub struct RouteView {
     pub args: Vec<String>,
     /// The same configuration as `config.toml` lines (Codex CLI).
     pub config_lines: Vec<String>,
+    /// When the route was opened. Epoch milliseconds.
     pub opened_at: u64,
 }
 
 /// An open route as `GET /routes` lists it: no token (the pool keeps only its hash).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteSummaryView {
+    /// The thread the route belongs to.
     pub thread: String,
+    /// The provider the route serves.
     pub provider: ProviderName,
     /// When the route was (last) opened.
     pub opened_at: u64,
@@ -174,7 +199,9 @@ pub struct RouteSummaryView {
 /// One environment variable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvVar {
+    /// The variable's name (`ANTHROPIC_BASE_URL`).
     pub name: String,
+    /// Its value, verbatim.
     pub value: String,
 }
 
@@ -183,6 +210,7 @@ pub struct EnvVar {
 /// Where a session is pinned and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionView {
+    /// The provider of the session.
     pub provider: ProviderName,
     /// The session key as the pool stores it.
     pub key: String,
@@ -190,8 +218,11 @@ pub struct SessionView {
     pub account: Option<String>,
     /// The thread whose route made the pin, when known.
     pub thread: Option<String>,
+    /// When the pin was last used. Epoch milliseconds.
     pub last_used_at: Option<u64>,
+    /// When the pin expires: `last_used_at` plus the pin idle lifetime. Epoch milliseconds.
     pub expires_at: Option<u64>,
+    /// Why the session is where it is, in words (`pinned on first success`).
     pub why: String,
     /// The latest attempts, newest last.
     pub recent: Vec<AttemptView>,
@@ -200,6 +231,7 @@ pub struct SessionView {
 /// A pinned session as `GET /sessions` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionSummaryView {
+    /// The provider of the session.
     pub provider: ProviderName,
     /// The session key as the pool stores it (what `session explain` takes).
     pub key: String,
@@ -207,7 +239,9 @@ pub struct SessionSummaryView {
     pub account: String,
     /// The thread whose route made the pin, when known.
     pub thread: Option<String>,
+    /// When the pin was last used (to the second). Epoch milliseconds.
     pub last_used_at: u64,
+    /// When the pin expires. Epoch milliseconds.
     pub expires_at: u64,
     /// The first request of the session is still in flight.
     pub provisional: bool,
@@ -216,7 +250,9 @@ pub struct SessionSummaryView {
 /// One upstream attempt of a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptView {
+    /// When the attempt finished. Epoch milliseconds.
     pub at: u64,
+    /// The account tried.
     pub account: String,
     /// The upstream status; null for a transport failure.
     pub status: Option<u16>,
@@ -232,8 +268,11 @@ pub struct AttemptView {
 pub struct SettingView {
     /// With its role prefix (`pool.switch-threshold`).
     pub key: String,
+    /// The current value, in the key's canonical format.
     pub value: String,
+    /// The default value, in the same format.
     pub default: String,
+    /// What the setting does and which values it accepts.
     pub description: String,
 }
 
@@ -242,6 +281,7 @@ pub struct SettingView {
 /// An open candidate: a chain with a live retry row or a watch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CandidateView {
+    /// The thread the candidate belongs to.
     pub thread: String,
     /// The chain's original request.
     pub original_request: String,
@@ -270,7 +310,10 @@ pub enum TriggerView {
     Failure,
     /// An `availability-changed` signal; `causes` lists what changed in words, joined
     /// with ", " ("account enabled, hold ended"); empty when the plugin sent none.
-    Signal { causes: String },
+    Signal {
+        /// The causes in words, joined with ", "; empty when the plugin sent none.
+        causes: String,
+    },
     /// `on-start`.
     Start,
     /// `on-tick`.
@@ -288,9 +331,17 @@ pub enum TriggerView {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum ActionView {
     /// A row was created for this send time.
-    Scheduled { at: u64 },
+    Scheduled {
+        /// The send time. Epoch milliseconds.
+        at: u64,
+    },
     /// The row moved from one send time to another.
-    Rescheduled { from: u64, to: u64 },
+    Rescheduled {
+        /// The old send time. Epoch milliseconds.
+        from: u64,
+        /// The new send time. Epoch milliseconds.
+        to: u64,
+    },
     /// Declined for now, kept open.
     Watching,
     /// Declined for good.
@@ -298,7 +349,10 @@ pub enum ActionView {
     /// The row was removed without dispatch.
     Dropped,
     /// The row was (or will be) dispatched as this attempt.
-    Dispatched { attempt: u32 },
+    Dispatched {
+        /// The attempt number the dispatch carries (1 is the original request).
+        attempt: u32,
+    },
     /// The candidate was closed (succeeded, stale, expired, cancelled).
     Resolved,
     /// Nothing changed (the decision stands).
@@ -314,19 +368,30 @@ pub enum AvailabilityView {
     /// The pool would serve now.
     Ready,
     /// Nothing serves before `retry_at`; `cause` is the WIT `block-cause` name.
-    Blocked { retry_at: u64, cause: String },
+    Blocked {
+        /// When something may serve again. Epoch milliseconds.
+        retry_at: u64,
+        /// The WIT `block-cause` case name.
+        cause: String,
+    },
     /// Nothing serves and the pool cannot say when; `reason` is the WIT
     /// `unavailable-reason` name.
-    Unavailable { reason: String },
+    Unavailable {
+        /// The WIT `unavailable-reason` case name.
+        reason: String,
+    },
 }
 
 /// One entry of a chain's history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryView {
+    /// When the entry was recorded (host time). Epoch milliseconds.
     pub at: u64,
+    /// What set off the evaluation that produced the entry.
     pub trigger: TriggerView,
     /// The availability the plugin saw, when it asked.
     pub availability: Option<AvailabilityView>,
+    /// What the plugin did as a result.
     pub action: ActionView,
     /// The reason, in the plugin's stable words (`rate-limited`, `stale: newer request`, …).
     pub reason: String,
@@ -335,8 +400,11 @@ pub struct EntryView {
 /// The history of one chain, oldest entry first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChainView {
+    /// The thread the chain belongs to.
     pub thread: String,
+    /// The chain's original request (attempt 1): identifies the chain within the thread.
     pub original_request: String,
+    /// The entries, oldest first (the plugin keeps the last 50).
     pub entries: Vec<EntryView>,
 }
 
@@ -349,9 +417,13 @@ pub struct ChainView {
 pub struct TokenCountsView {
     /// Answers that reported usage.
     pub answers: u64,
+    /// Input tokens neither read from nor written to the prompt cache.
     pub input: u64,
+    /// Output tokens, reasoning tokens included.
     pub output: u64,
+    /// Input tokens read from the prompt cache.
     pub cache_read: u64,
+    /// Input tokens written to the prompt cache (always 0 for Codex).
     pub cache_write: u64,
 }
 
@@ -374,19 +446,24 @@ impl TokenCountsView {
 /// The usage of one group (`tokens.token-total`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenTotalView {
+    /// The provider of the account.
     pub provider: ProviderName,
+    /// The account that served the answers (it may have been removed since).
     pub account: String,
     /// The thread (grouped by thread only).
     pub thread: Option<String>,
     /// The model the answers named (grouped by thread only).
     pub model: Option<String>,
+    /// The tokens counted for the group.
     pub counts: TokenCountsView,
 }
 
-/// An account's token usage today (since local midnight on the server) and in the last
-/// five hours.
+/// An account's token usage today (since the local midnight of the reader's UTC offset) and
+/// in the last five hours.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountTokensView {
+    /// Since the overview's `tokens_today_since`: local midnight at the reader's UTC offset.
     pub today: TokenCountsView,
+    /// In the last five hours.
     pub last_5h: TokenCountsView,
 }

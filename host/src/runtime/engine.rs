@@ -64,7 +64,9 @@ const KEEP_RESIDENT_TABLE_BYTES: usize = 1 << 20;
 /// in-flight request or plugin call) and the largest memory one may have.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineLimits {
+    /// The most instances alive at once.
     pub max_instances: u32,
+    /// The largest linear memory one instance may have, in bytes.
     pub max_memory_bytes: usize,
 }
 

@@ -79,6 +79,7 @@ const PROVIDER_RETRY: WorldShape = WorldShape {
 };
 
 impl Role {
+    /// Every role, the pool first.
     pub const ALL: [Role; 2] = [Role::AccountPool, Role::ProviderRetry];
 
     /// The role's name in configuration, data directories and messages; also the plugin id.
@@ -89,6 +90,7 @@ impl Role {
         }
     }
 
+    /// The role named `name` (`account-pool`, `provider-retry`); None for any other name.
     pub fn from_name(name: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|role| role.name() == name)
     }
@@ -121,11 +123,14 @@ impl fmt::Display for Role {
 /// A component's imports and exports, by name.
 #[derive(Debug, Clone, Default)]
 pub struct Surface {
+    /// The component's imports, by their full names (`pooler:plugins/sqlite@0.1.0`).
     pub imports: Vec<String>,
+    /// The component's exports, by their full names.
     pub exports: Vec<String>,
 }
 
 impl Surface {
+    /// The imports and exports of `component`, as compiled for `engine`.
     pub fn of(component: &Component, engine: &Engine) -> Surface {
         let ty = component.component_type();
         Surface {

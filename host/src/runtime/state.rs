@@ -30,6 +30,7 @@ use crate::runtime::roles::Role;
 pub struct PluginMeta {
     /// The plugin's id: its role's name. Tags its log lines, names its data directory.
     pub id: Arc<str>,
+    /// The role the plugin fills.
     pub role: Role,
     /// Where its component came from (`embedded` or a path), for messages.
     pub source: String,
@@ -48,10 +49,16 @@ pub struct PluginMeta {
 /// The host services every store reaches.
 #[derive(Clone)]
 pub struct Services {
+    /// The host clock every store reads time from (wall and monotonic).
     pub clock: SharedClock,
+    /// The client every plugin's outgoing HTTP goes through.
     pub client: OutgoingClient,
+    /// What answers the `threads` import: the core, or
+    /// [`crate::runtime::imports::threads::NoCore`] without one.
     pub threads: Arc<dyn ThreadsService>,
+    /// What answers the `availability` import (a fresh pool instance).
     pub availability: Arc<dyn AvailabilitySource>,
+    /// Where the availability changes a call signalled are queued for delivery.
     pub changes: Arc<dyn ChangeSink>,
     /// Plugin database connections between instances.
     pub databases: Arc<ConnectionCache>,
@@ -71,6 +78,7 @@ pub struct Seeds {
 }
 
 impl Seeds {
+    /// Seeds derived from `seed`, one per store in the order the stores are made.
     pub fn new(seed: u64) -> Self {
         Seeds {
             seed,
@@ -109,6 +117,8 @@ pub struct PluginState {
 }
 
 impl PluginState {
+    /// A fresh store's data for a plugin: no stdio, environment, sockets or preopened
+    /// directories; the host's clocks; the plugin's allow-list and memory cap.
     pub fn new(meta: Arc<PluginMeta>, services: &Services) -> Self {
         let id = meta.id.clone();
         // Stdio is not connected: plugins log through the `log` import. Environment and

@@ -20,6 +20,7 @@ pub enum Format {
 }
 
 impl Format {
+    /// The format's name in the configuration: `json`, `slack` or `ntfy`.
     pub fn name(self) -> &'static str {
         match self {
             Format::Json => "json",
@@ -41,12 +42,14 @@ pub const PLACEHOLDERS: [&str; 13] = [
 /// One delivery: the alerts of a window, with the text every shape shares.
 #[derive(Debug, Clone)]
 pub struct Delivery {
+    /// The alerts of the coalescing window, at least one.
     pub alerts: Vec<Alert>,
     /// When it was assembled (epoch ms).
     pub sent_at: u64,
 }
 
 impl Delivery {
+    /// The title: the one alert's own, or a count of firing and resolved ones for several.
     pub fn title(&self) -> String {
         match self.alerts.as_slice() {
             [one] => one.title(),
@@ -64,6 +67,7 @@ impl Delivery {
         }
     }
 
+    /// The text: one line per alert.
     pub fn body(&self) -> String {
         self.alerts
             .iter()

@@ -60,13 +60,17 @@ pub struct Alerts {
 pub struct Outcome {
     /// `webhook` or `command`.
     pub via: &'static str,
+    /// Whether the delivery went through.
     pub ok: bool,
     /// The HTTP status or exit status, or why it failed; never the URL (it may be secret).
     pub detail: String,
+    /// How many tries were made; 0 when the channel could not be tried at all.
     pub attempts: u32,
 }
 
 impl Alerts {
+    /// Alerts as `config` sets them: webhooks go out through `client`, only to the hosts
+    /// [`AlertsConfig::allowed_hosts`] names; counts go to `metrics`.
     pub fn new(
         config: AlertsConfig,
         clock: SharedClock,
@@ -91,6 +95,7 @@ impl Alerts {
         }
     }
 
+    /// The `[alerts]` configuration the alerts were built with.
     pub fn config(&self) -> &AlertsConfig {
         &self.config
     }

@@ -28,6 +28,7 @@ pub enum AlertKind {
 }
 
 impl AlertKind {
+    /// Every kind, in declaration order.
     pub const ALL: [AlertKind; 7] = [
         AlertKind::SignIn,
         AlertKind::AccountError,
@@ -38,6 +39,7 @@ impl AlertKind {
         AlertKind::Test,
     ];
 
+    /// The kind's name as the log, the metrics and every delivery spell it (`sign-in`).
     pub fn name(self) -> &'static str {
         match self {
             AlertKind::SignIn => "sign-in",
@@ -66,13 +68,18 @@ pub enum AlertState {
 /// texts.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Condition {
+    /// What kind of condition it is.
     pub kind: AlertKind,
+    /// What the condition is about (an account id, a provider, a thread id): with `kind`, it
+    /// identifies the episode.
     pub subject: String,
     /// `claude` or `codex`, when the condition has one.
     pub provider: Option<String>,
+    /// The account concerned, when there is one.
     pub account: Option<String>,
     /// The account's label, for people.
     pub label: Option<String>,
+    /// The thread concerned, when there is one.
     pub thread: Option<String>,
     /// When the subject serves again, when known (epoch ms).
     pub until: Option<u64>,
@@ -81,6 +88,7 @@ pub struct Condition {
 }
 
 impl Condition {
+    /// A condition of `kind` about `subject`, with every optional detail unset.
     pub fn new(kind: AlertKind, subject: impl Into<String>) -> Self {
         Condition {
             kind,
@@ -98,8 +106,10 @@ impl Condition {
 /// One alert: a condition's start or end.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Alert {
+    /// The condition that started or ended.
     #[serde(flatten)]
     pub condition: Condition,
+    /// Whether the condition started or ended.
     pub state: AlertState,
     /// When the host saw it (epoch ms).
     pub at: u64,

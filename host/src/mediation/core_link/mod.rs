@@ -114,11 +114,13 @@ pub enum LinkError {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct SentNow {
+    /// The thread the row belonged to.
     pub thread: ThreadId,
     /// The row that was dispatched.
     pub row: RowId,
     /// The new turn request.
     pub request: RequestId,
+    /// The attempt the dispatched turn carries.
     pub attempt: u32,
     /// Whether the provider-retry plugin took note (`retry-admin.sent-by-person`).
     pub plugin_told: bool,

@@ -40,6 +40,7 @@ pub struct AgentOptions {
     pub claude_code: Option<PathBuf>,
     /// Codex's binary from the configuration (else `POOLER_CODEX_BIN`, else `codex`).
     pub codex: Option<PathBuf>,
+    /// The bounds of one turn: its time limit and the longest output line read.
     pub limits: AgentLimits,
     /// Runs the agents' turns in place of operating-system processes (the week simulator's
     /// models of the CLIs); `None` starts the binaries. With one, no binary is looked for.
@@ -58,6 +59,7 @@ impl std::fmt::Debug for AgentOptions {
 }
 
 impl AgentOptions {
+    /// The options `[agents]` sets: the binaries and the turn time limit; no launcher.
     pub fn from_config(config: &AgentsConfig) -> Self {
         AgentOptions {
             claude_code: config.claude_code.clone(),
@@ -122,6 +124,7 @@ impl AgentOptions {
 }
 
 impl CoreOptions {
+    /// The options `[core]` sets; `agents` stays at its default ([`AgentOptions::from_config`]).
     pub fn from_config(config: &CoreConfig) -> Self {
         CoreOptions {
             retry_tick: Duration::from_secs(config.retry_tick_s),

@@ -44,6 +44,7 @@ impl Fields {
         )
     }
 
+    /// Take `name` as a string; None when absent or null, `invalid-field` when not a string.
     pub fn opt_str(&mut self, name: &str) -> Result<Option<String>, ApiError> {
         match self.take(name) {
             None => Ok(None),
@@ -52,10 +53,12 @@ impl Fields {
         }
     }
 
+    /// Take `name` as a string; `missing-field` when absent or null.
     pub fn str(&mut self, name: &str) -> Result<String, ApiError> {
         self.opt_str(name)?.ok_or_else(|| self.missing(name))
     }
 
+    /// Take `name` as a 32-bit whole number; None when absent or null.
     pub fn opt_i32(&mut self, name: &str) -> Result<Option<i32>, ApiError> {
         match self.take(name) {
             None => Ok(None),
@@ -67,10 +70,12 @@ impl Fields {
         }
     }
 
+    /// Take `name` as a 32-bit whole number; `missing-field` when absent or null.
     pub fn i32(&mut self, name: &str) -> Result<i32, ApiError> {
         self.opt_i32(name)?.ok_or_else(|| self.missing(name))
     }
 
+    /// Take `name` as a non-negative whole number; None when absent or null.
     pub fn opt_u64(&mut self, name: &str) -> Result<Option<u64>, ApiError> {
         match self.take(name) {
             None => Ok(None),
@@ -81,6 +86,7 @@ impl Fields {
         }
     }
 
+    /// Take `name` as `true` or `false`; None when absent or null.
     pub fn opt_bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
         match self.take(name) {
             None => Ok(None),
@@ -89,6 +95,7 @@ impl Fields {
         }
     }
 
+    /// Take `name` as a number; None when absent or null.
     pub fn opt_f64(&mut self, name: &str) -> Result<Option<f64>, ApiError> {
         match self.take(name) {
             None => Ok(None),
@@ -99,6 +106,7 @@ impl Fields {
         }
     }
 
+    /// Take `name` as a provider (`claude` or `codex`); `missing-field` when absent or null.
     pub fn provider(&mut self, name: &str) -> Result<Provider, ApiError> {
         let text = self.str(name)?;
         ProviderName::parse(&text)
@@ -106,6 +114,7 @@ impl Fields {
             .ok_or_else(|| self.wrong(name, "`claude` or `codex`"))
     }
 
+    /// Take `name` as a provider (`claude` or `codex`); None when absent or null.
     pub fn opt_provider(&mut self, name: &str) -> Result<Option<Provider>, ApiError> {
         if self.map.get(name).is_none_or(Value::is_null) {
             // A null is as good as no field: read it, so `finish` does not call it unknown.
@@ -124,6 +133,7 @@ impl Fields {
         self.strings(name)
     }
 
+    /// Take `name` as a list of strings; `missing-field` when absent or null.
     pub fn strings(&mut self, name: &str) -> Result<Vec<String>, ApiError> {
         match self.take(name) {
             None => Err(self.missing(name)),

@@ -115,6 +115,7 @@ impl Admin {
         }
     }
 
+    /// The host whose plugins the admin API calls.
     pub fn host(&self) -> &Host {
         &self.host
     }
@@ -406,7 +407,9 @@ pub(crate) fn path_provider(segment: &str) -> Result<Provider, ApiError> {
 /// A successful answer.
 #[derive(Debug)]
 pub struct Reply {
+    /// The HTTP status to answer with (200 or 201).
     pub status: StatusCode,
+    /// The JSON body.
     pub body: Value,
 }
 
@@ -437,12 +440,16 @@ impl Reply {
 /// people that says what is wrong (never a secret).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
+    /// The HTTP status to answer with.
     pub status: StatusCode,
+    /// A stable, kebab-case code a client can match on (`no-such-endpoint`, `transient`).
     pub code: &'static str,
+    /// What is wrong, for a person; never a secret.
     pub message: String,
 }
 
 impl ApiError {
+    /// An error answering `status`, with `code` and `message`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -451,10 +458,12 @@ impl ApiError {
         }
     }
 
+    /// 400: the request itself is wrong.
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
+    /// 404: the thing the request names does not exist.
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, code, message)
     }
@@ -464,6 +473,7 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
     }
 
+    /// 500: the host or a plugin failed; trying again is unlikely to help.
     pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, message)
     }
@@ -476,6 +486,7 @@ impl ApiError {
         )
     }
 
+    /// The body a refusal answers with: `{"error": {"code": …, "message": …}}`.
     pub fn to_json(&self) -> Value {
         serde_json::json!({ "error": { "code": self.code, "message": self.message } })
     }

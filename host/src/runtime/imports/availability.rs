@@ -37,6 +37,7 @@ pub struct AvailabilityCtx {
 }
 
 impl AvailabilityCtx {
+    /// The state of one instance of `plugin`, whose availability calls `source` answers.
     pub fn new(plugin: Arc<str>, source: Arc<dyn AvailabilitySource>) -> Self {
         AvailabilityCtx { plugin, source }
     }

@@ -43,7 +43,9 @@ impl HostMonotonicClock for MonotonicClock {
 
 /// What the monotonic-clock `Host` trait is implemented on.
 pub struct ClockView<'a> {
+    /// The host clock the store reads time from.
     pub clock: &'a SharedClock,
+    /// The store's resource table, where subscribed pollables live.
     pub table: &'a mut ResourceTable,
 }
 

@@ -18,6 +18,7 @@ use crate::runtime::bindings::pool::pooler::plugins::incoming_client::{self, Hos
 pub struct ClientGone(watch::Sender<bool>);
 
 impl ClientGone {
+    /// A client that has not gone yet.
     pub fn new() -> Self {
         ClientGone(watch::Sender::new(false))
     }
@@ -63,7 +64,9 @@ impl IncomingClientCtx {
 
 /// What the `incoming-client` `Host` trait is implemented on.
 pub struct IncomingClientView<'a> {
+    /// The request's watch on its client (none outside a request).
     pub ctx: &'a IncomingClientCtx,
+    /// The store's resource table, where subscribed pollables live.
     pub table: &'a mut ResourceTable,
 }
 

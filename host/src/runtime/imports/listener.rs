@@ -13,6 +13,7 @@ use crate::runtime::bindings::types::{AvailabilityChange, PluginError};
 
 /// Receives the changes a finished call signalled (the host's delivery queue).
 pub trait ChangeSink: Send + Sync + 'static {
+    /// Queue the `changes` `from` signalled, for delivery after its call returned.
     fn enqueue(&self, from: &str, changes: Vec<AvailabilityChange>);
 }
 
@@ -62,6 +63,7 @@ pub struct ListenerCtx {
 }
 
 impl ListenerCtx {
+    /// The state of one instance of `plugin`: its signals go to `sink` when the instance ends.
     pub fn new(plugin: Arc<str>, sink: Arc<dyn ChangeSink>) -> Self {
         ListenerCtx {
             plugin,

@@ -30,6 +30,7 @@ pub struct LogCtx {
 }
 
 impl LogCtx {
+    /// The state of one instance of `plugin`, which has logged nothing yet.
     pub fn new(plugin: Arc<str>) -> Self {
         LogCtx {
             plugin,

@@ -17,6 +17,7 @@ pub struct MetricsCtx {
 }
 
 impl MetricsCtx {
+    /// The state of one instance of `plugin`, reporting into `registry`.
     pub fn new(plugin: Arc<str>, registry: Arc<Registry>) -> Self {
         MetricsCtx { plugin, registry }
     }

@@ -15,7 +15,10 @@ use crate::runtime::bindings::types::{QueuedRow, RowId, Timestamp};
 /// What answers the `threads` import (implemented by the core). Calls are short database
 /// operations, made synchronously from the plugin's call.
 pub trait ThreadsService: Send + Sync + 'static {
+    /// `get-thread`: read `thread` for the plugin `caller`.
     fn get_thread(&self, caller: &str, thread: &str) -> Result<ThreadInfo, ThreadsError>;
+    /// `schedule-retry`: queue a retry of `failed_request` at `send_at`; refused unless it is the
+    /// latest request of a thread in `error` whose chain has no live row.
     fn schedule_retry(
         &self,
         caller: &str,
@@ -41,6 +44,7 @@ pub trait ThreadsService: Send + Sync + 'static {
         row: RowId,
         reason: &str,
     ) -> Result<(), ThreadsError>;
+    /// `list-rows`: the live rows of `thread`, or of every thread, ordered by send time.
     fn list_rows(&self, caller: &str, thread: Option<&str>)
     -> Result<Vec<QueuedRow>, ThreadsError>;
 
@@ -135,6 +139,7 @@ pub fn broken_rule(e: &ThreadsError) -> Option<&'static str> {
 }
 
 impl ThreadsCtx {
+    /// The state of one instance of `plugin`, whose `threads` calls `service` answers.
     pub fn new(plugin: Arc<str>, service: Arc<dyn ThreadsService>) -> Self {
         ThreadsCtx {
             plugin,

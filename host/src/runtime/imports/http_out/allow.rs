@@ -7,7 +7,9 @@ use hyper::Uri;
 /// A URL scheme the allow-list knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheme {
+    /// `http://`: allowed only to loopback hosts.
     Http,
+    /// `https://`.
     Https,
 }
 
@@ -70,8 +72,11 @@ fn valid_host(host: &str) -> bool {
 /// One entry of an allow-list: a scheme, a host and a port (`None`: any port).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
+    /// The scheme the entry allows.
     pub scheme: Scheme,
+    /// The host name or address, lowercase.
     pub host: String,
+    /// The port; `None` allows any.
     pub port: Option<u16>,
 }
 
@@ -311,6 +316,8 @@ fn parse_grant(line: &str) -> Option<Grant> {
 }
 
 impl AllowList {
+    /// The list of the configured `entries` (see [`parse_entry`]), with no grants; an entry that
+    /// does not parse is dropped with a warning.
     pub fn new(entries: &[String]) -> Self {
         AllowList {
             entries: parse_entries(entries),

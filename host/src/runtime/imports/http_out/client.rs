@@ -37,6 +37,8 @@ const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(600);
 const BETWEEN_BYTES_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl OutgoingClient {
+    /// A client with an empty connection pool (its clones share it); idle connections close
+    /// after 90 seconds.
     pub fn new() -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);

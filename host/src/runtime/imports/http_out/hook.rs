@@ -26,6 +26,8 @@ pub struct OutgoingPolicy {
 }
 
 impl OutgoingPolicy {
+    /// The policy of one instance of `plugin`: only origins `allow` lists are reached, through
+    /// `client`; a failed answer's body may stall for at most `error_body_timeout`.
     pub fn new(
         plugin: Arc<str>,
         allow: Arc<AllowList>,

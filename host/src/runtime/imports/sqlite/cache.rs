@@ -38,6 +38,7 @@ pub struct ConnectionCache {
 }
 
 impl ConnectionCache {
+    /// An empty cache, shared by every instance of the host.
     pub fn new() -> Arc<Self> {
         Arc::new(ConnectionCache::default())
     }

@@ -171,10 +171,12 @@ impl Connection {
         })
     }
 
+    /// Run one statement with `params` and return every row it produces.
     pub fn query(&self, sql: &str, params: Vec<Value>) -> Result<Rows, Error> {
         self.run(|conn| query_on(conn, sql, params))
     }
 
+    /// The rowid of the latest successful `INSERT` through this connection; 0 before any.
     pub fn last_insert_rowid(&self) -> i64 {
         self.state.borrow().last_rowid
     }

@@ -141,7 +141,9 @@ impl SqliteCtx {
 
 /// What the generated `Host` traits are implemented on.
 pub struct SqliteView<'a> {
+    /// The instance's SQLite state: the plugin's directory, its connections and its budget.
     pub ctx: &'a mut SqliteCtx,
+    /// The store's resource table, where the connection resources live.
     pub table: &'a mut ResourceTable,
 }
 
