@@ -1,6 +1,12 @@
 //! wasi:http both ways: the incoming handler the pool exports (every proxied request, read
 //! and screened here, then handled by the engine) and the upstream calls it makes through
 //! the outgoing handler (the host applies its allow-list).
+//!
+//! Written on the wasi:http resources themselves rather than through an HTTP library's
+//! request and response types, so each side's headers cross the boundary once (one
+//! `entries` in, one `from-list` out) straight into and out of the engine's [`Headers`],
+//! and each body chunk is the list the host handed over, relayed as it came. wstd is the
+//! async runtime: its reactor waits on the streams' pollables.
 
 use super::{DATABASE, WasiEnv};
 use crate::body::{Collector, Refused, RequestBody};
@@ -11,25 +17,117 @@ use crate::http::{Headers, PoolError};
 use crate::model::Provider;
 use crate::stream::BodyStream;
 use pooler_plugin_kit::component::WitDb;
-use wstd::http::body::util::BodyExt as _;
-use wstd::http::{Body, Client, Request, Response};
+use wasip2::http::types::{
+    ErrorCode, Fields, FutureTrailers, IncomingBody, IncomingRequest as WasiRequest, Method,
+    OutgoingBody, OutgoingRequest, OutgoingResponse, RequestOptions, ResponseOutparam, Scheme,
+};
+use wasip2::io::streams::{InputStream, StreamError};
+use wstd::io::{AsyncOutputStream, AsyncPollable};
 
-/// A body as wasi:http hands it over, frame by frame.
-type IncomingBody =
-    wstd::http::body::util::combinators::UnsyncBoxBody<wstd::http::body::Bytes, wstd::http::Error>;
+/// The most a body chunk is read at once.
+const MAX_CHUNK: u64 = 64 * 1024;
 
-/// A response body read frame by frame from wasi:http.
-pub(super) struct WasiBody(IncomingBody);
+/// How long an upstream connection may take to open.
+const CONNECT_TIMEOUT_NS: u64 = 15_000_000_000;
+
+/// The break of a body stream, as the log and the relay say it.
+const BODY_BROKE: &str = "reading incoming body stream";
+/// A body whose trailers said it broke after its last chunk.
+const TRAILERS_BROKE: &str = "reading incoming body trailers";
+
+/// Headers as wasi:http holds them, in one call; a value that is not visible ASCII (which
+/// no header the pool reads or forwards is) is left out.
+fn headers_from(fields: &Fields) -> Headers {
+    let mut headers = Headers::new();
+    for (name, value) in fields.entries() {
+        let visible = value
+            .iter()
+            .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
+        if visible && let Ok(value) = String::from_utf8(value) {
+            headers.push(&name, value);
+        }
+    }
+    headers
+}
+
+/// `headers` as wasi:http fields, in one call.
+fn fields_from(headers: &Headers, extra: Option<(&str, String)>) -> Result<Fields, String> {
+    let mut list: Vec<(String, Vec<u8>)> = Vec::with_capacity(headers.len() + 1);
+    list.extend(
+        headers
+            .iter()
+            .map(|(n, v)| (n.to_owned(), v.as_bytes().to_vec())),
+    );
+    if let Some((n, v)) = extra {
+        list.push((n.to_owned(), v.into_bytes()));
+    }
+    // The error names the kind of refusal, never a value (it may be a credential).
+    Fields::from_list(&list).map_err(|e| format!("a header was refused: {e:?}"))
+}
+
+/// A body as wasi:http hands it over, chunk by chunk, then its trailers: a stream that
+/// closed is whole only if its trailers did not report an error.
+pub(super) struct WasiBody {
+    // Dropped in this order: the pollable and the stream are children of the body.
+    ready: Option<AsyncPollable>,
+    stream: Option<InputStream>,
+    body: Option<IncomingBody>,
+    trailers: Option<FutureTrailers>,
+}
+
+impl WasiBody {
+    fn new(body: IncomingBody) -> Self {
+        let stream = body.stream().ok();
+        WasiBody {
+            ready: None,
+            stream,
+            body: Some(body),
+            trailers: None,
+        }
+    }
+
+    /// The body's trailers after its stream closed: None when the body ended whole.
+    async fn end(&mut self) -> Option<Result<Vec<u8>, String>> {
+        if let Some(body) = self.body.take() {
+            self.trailers = Some(IncomingBody::finish(body));
+        }
+        let trailers = self.trailers.as_ref()?;
+        // Kept in `self` while waited on, so a dropped call leaves it for the next.
+        AsyncPollable::new(trailers.subscribe()).wait_for().await;
+        let got = trailers.get();
+        self.trailers = None;
+        match got {
+            Some(Ok(Ok(_))) => None,
+            _ => Some(Err(TRAILERS_BROKE.to_owned())),
+        }
+    }
+}
 
 impl BodyStream for WasiBody {
     async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, String>> {
         loop {
-            match self.0.frame().await? {
-                Err(e) => return Some(Err(e.to_string())),
-                Ok(frame) => {
-                    if let Ok(data) = frame.into_data() {
-                        return Some(Ok(data.to_vec()));
-                    }
+            let Some(stream) = &self.stream else {
+                return self.end().await;
+            };
+            match stream.read(MAX_CHUNK) {
+                Ok(chunk) if !chunk.is_empty() => return Some(Ok(chunk)),
+                Ok(_) => {
+                    // Nothing yet: wait until the stream has something (or closed). A
+                    // dropped call has read nothing, so nothing is lost.
+                    let ready = self
+                        .ready
+                        .get_or_insert_with(|| AsyncPollable::new(stream.subscribe()));
+                    ready.wait_for().await;
+                }
+                Err(StreamError::Closed) => {
+                    self.ready = None;
+                    self.stream = None;
+                }
+                Err(StreamError::LastOperationFailed(_)) => {
+                    self.ready = None;
+                    self.stream = None;
+                    self.body = None;
+                    return Some(Err(BODY_BROKE.to_owned()));
                 }
             }
         }
@@ -45,140 +143,150 @@ impl Upstream for WasiUpstream {
         &self,
         request: UpstreamRequest,
     ) -> Result<UpstreamResponse<WasiBody>, TransportError> {
-        let mut builder = Request::builder()
-            .method(request.method.as_str())
-            .uri(request.url.as_str());
-        for (n, v) in request.headers.iter() {
-            builder = builder.header(n, v);
-        }
+        let invalid = |what: String| TransportError(format!("invalid request: {what}"));
+        let uri: wstd::http::Uri = request.url.parse().map_err(|e| invalid(format!("{e}")))?;
         // The body is whole in hand: sent with its length, not chunked (no chunk framing,
         // and servers that refuse chunked requests take it; the host checks the bytes
         // written match the length), chunk by chunk as it is held, never copied whole.
-        if !request.body.is_empty() || !matches!(request.method.as_str(), "GET" | "HEAD") {
-            builder = builder.header("content-length", request.body.len());
-        }
-        let body = match request.body.chunks() {
-            [] => Body::empty(),
-            [one] => Body::from(one.clone()),
-            many => Body::from_stream(futures_lite::stream::iter(many.to_vec())),
+        let length = (!request.body.is_empty()
+            || !matches!(request.method.as_str(), "GET" | "HEAD"))
+        .then(|| ("content-length", request.body.len().to_string()));
+        let outgoing =
+            OutgoingRequest::new(fields_from(&request.headers, length).map_err(invalid)?);
+        let scheme = match uri.scheme_str() {
+            Some("http") => Scheme::Http,
+            Some("https") | None => Scheme::Https,
+            Some(other) => Scheme::Other(other.to_owned()),
         };
-        let req = builder
-            .body(body)
-            .map_err(|e| TransportError(format!("invalid request: {e}")))?;
-        let mut client = Client::new();
-        client.set_connect_timeout(std::time::Duration::from_secs(15));
+        let set = outgoing
+            .set_method(&method(&request.method))
+            .and_then(|()| outgoing.set_scheme(Some(&scheme)))
+            .and_then(|()| outgoing.set_authority(uri.authority().map(|a| a.as_str())))
+            .and_then(|()| outgoing.set_path_with_query(uri.path_and_query().map(|p| p.as_str())));
+        set.map_err(|()| invalid(format!("{} {}", request.method, request.url)))?;
+        let options = RequestOptions::new();
+        // Setting an option the host does not support leaves its default.
+        let _ = options.set_connect_timeout(Some(CONNECT_TIMEOUT_NS));
         if let Some(ms) = request.deadlines.first_byte_ms {
-            client.set_first_byte_timeout(std::time::Duration::from_millis(ms));
+            let _ = options.set_first_byte_timeout(Some(ms.saturating_mul(1_000_000)));
         }
         if let Some(ms) = request.deadlines.between_bytes_ms {
-            client.set_between_bytes_timeout(std::time::Duration::from_millis(ms));
+            let _ = options.set_between_bytes_timeout(Some(ms.saturating_mul(1_000_000)));
         }
-        let response = client
-            .send(req)
-            .await
+        let body = outgoing
+            .body()
+            .map_err(|()| invalid("its body was taken".to_owned()))?;
+        let pending = wasip2::http::outgoing_handler::handle(outgoing, Some(options))
             .map_err(|e| TransportError(e.to_string()))?;
-        let status = response.status().as_u16();
-        let mut headers = Headers::new();
-        for (n, v) in response.headers() {
-            if let Ok(v) = v.to_str() {
-                headers.push(n.as_str(), v);
+        // The body goes out while the answer is awaited: a server may answer before it has
+        // read everything.
+        let write = async {
+            let out = AsyncOutputStream::new(
+                body.write()
+                    .map_err(|()| invalid("its body stream was taken".to_owned()))?,
+            );
+            for chunk in request.body.chunks() {
+                out.write_all(chunk)
+                    .await
+                    .map_err(|e| TransportError(e.to_string()))?;
             }
-        }
+            drop(out);
+            OutgoingBody::finish(body, None).map_err(|e| TransportError(e.to_string()))
+        };
+        let answer = async {
+            AsyncPollable::new(pending.subscribe()).wait_for().await;
+            match pending.get() {
+                Some(Ok(Ok(response))) => Ok(response),
+                Some(Ok(Err(code))) => Err(TransportError(code.to_string())),
+                _ => Err(TransportError("the upstream answer was lost".to_owned())),
+            }
+        };
+        let ((), response) = futures_lite::future::try_zip(write, answer).await?;
+        let status = response.status();
+        let headers = headers_from(&response.headers());
+        let body = response
+            .consume()
+            .map_err(|()| TransportError("the upstream body was taken".to_owned()))?;
         Ok(UpstreamResponse {
             status,
             headers,
-            body: WasiBody(response.into_body().into_boxed_body()),
+            body: WasiBody::new(body),
         })
     }
 }
 
+/// The wasi:http method named `name`.
+fn method(name: &str) -> Method {
+    match name {
+        "GET" => Method::Get,
+        "HEAD" => Method::Head,
+        "POST" => Method::Post,
+        "PUT" => Method::Put,
+        "DELETE" => Method::Delete,
+        "CONNECT" => Method::Connect,
+        "OPTIONS" => Method::Options,
+        "TRACE" => Method::Trace,
+        "PATCH" => Method::Patch,
+        other => Method::Other(other.to_owned()),
+    }
+}
+
+/// The name of a wasi:http method.
+fn method_name(method: &Method) -> String {
+    match method {
+        Method::Get => "GET",
+        Method::Head => "HEAD",
+        Method::Post => "POST",
+        Method::Put => "PUT",
+        Method::Delete => "DELETE",
+        Method::Connect => "CONNECT",
+        Method::Options => "OPTIONS",
+        Method::Trace => "TRACE",
+        Method::Patch => "PATCH",
+        Method::Other(other) => other.as_str(),
+    }
+    .to_owned()
+}
+
 // ---- the HTTP handler -------------------------------------------------------------------
 
-#[derive(Debug)]
-struct StreamBroke(String);
+type Answer = engine::Response<WasiBody>;
 
-impl std::fmt::Display for StreamBroke {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+/// The pool's own answer in `provider`'s error shape.
+fn shaped(provider: Provider, e: &PoolError) -> Answer {
+    engine::Response {
+        status: e.status,
+        headers: e.headers(),
+        body: engine::Body::Full(e.body(provider)),
+        lease: None,
     }
 }
 
-impl std::error::Error for StreamBroke {}
-
-fn pool_response(e: &PoolError) -> Response<Body> {
+fn pool_response(e: &PoolError) -> Answer {
     shaped(Provider::Claude, e)
-}
-
-/// The pool's own response in `provider`'s error shape.
-fn shaped(provider: Provider, e: &PoolError) -> Response<Body> {
-    let mut b = Response::builder().status(e.status);
-    for (n, v) in e.headers().iter() {
-        b = b.header(n, v);
-    }
-    b.body(Body::from(e.body(provider)))
-        .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
 /// The default `max-request-body`: how much of a body is read when storage could not say.
 const DEFAULT_BODY_LIMIT: u64 = 32 << 20;
 
-/// The pool's `wasi:http/incoming-handler` export: what `#[wstd::http_server]` generates,
-/// except that a request wstd cannot turn into an `http::Request` — a `CONNECT`, whose
-/// target names no path — is answered in the pool's error shape, where the generated
-/// handler failed it with wstd's internal text (the host's 502).
+/// The pool's `wasi:http/incoming-handler` export.
 struct Proxy;
 
 impl wasip2::exports::http::incoming_handler::Guest for Proxy {
-    fn handle(
-        request: wasip2::http::types::IncomingRequest,
-        out: wasip2::http::types::ResponseOutparam,
-    ) {
-        let method = method_name(&request.method());
-        let path = request.path_with_query().unwrap_or_default();
-        let responder = wstd::http::server::Responder::new(out);
+    fn handle(request: WasiRequest, out: ResponseOutparam) {
         wstd::runtime::block_on(async move {
-            let response = match wstd::http::request::try_from_incoming(request) {
-                Ok(request) => match serve(request).await {
-                    Ok(response) => response,
-                    Err(e) => return responder.fail(e),
-                },
-                Err(_) => unreadable(&method, &path),
-            };
-            // As the generated handler: the body is written here, and a failure to write
-            // it (the host dropped the response) ends the call.
-            responder
-                .respond(response)
-                .await
-                .expect("the response body was written");
+            let answer = serve(request).await;
+            respond(out, answer).await;
         })
     }
 }
 
 wasip2::http::proxy::export!(Proxy);
 
-/// The name of a wasi:http method.
-fn method_name(method: &wasip2::http::types::Method) -> String {
-    use wasip2::http::types::Method as M;
-    match method {
-        M::Get => "GET",
-        M::Head => "HEAD",
-        M::Post => "POST",
-        M::Put => "PUT",
-        M::Delete => "DELETE",
-        M::Connect => "CONNECT",
-        M::Options => "OPTIONS",
-        M::Trace => "TRACE",
-        M::Patch => "PATCH",
-        M::Other(other) => other.as_str(),
-    }
-    .to_owned()
-}
-
-/// The answer to a request that could not be read as an HTTP request: 405 when its method
-/// is one the pool does not serve (the engine's screen says so), else 400; in the pool's
-/// error shape either way.
-fn unreadable(method: &str, path_with_query: &str) -> Response<Body> {
-    let path = path_with_query.split('?').next().unwrap_or_default();
+/// The answer to a request that names no path (a `CONNECT`'s target is an authority): 405
+/// when its method is one the pool does not serve (the engine's screen says so), else 400;
+/// in the pool's error shape either way.
+fn unreadable(method: &str) -> Answer {
     let Ok(db) = WitDb::open(DATABASE) else {
         return pool_response(&PoolError::pool(
             503,
@@ -186,44 +294,51 @@ fn unreadable(method: &str, path_with_query: &str) -> Response<Body> {
         ));
     };
     let engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
-    if let engine::Screen::Refused(response) = engine.screen(method, path, &Headers::new()) {
-        engine.refused(method, path, &response);
-        return to_wstd(response);
+    if let engine::Screen::Refused(response) = engine.screen(method, "", &Headers::new()) {
+        engine.refused(method, "", &response);
+        return response;
     }
     // Storage could not screen it (not migrated yet): the method alone still decides.
-    match crate::http::match_route(method, path) {
+    match crate::http::match_route(method, "") {
         crate::http::RouteMatch::MethodNotAllowed(provider) => shaped(
             provider,
-            &PoolError::pool(405, engine::not_allowed(method, path)),
+            &PoolError::pool(405, engine::not_allowed(method, "")),
         ),
         _ => pool_response(&PoolError::pool(400, "The request could not be read.")),
     }
 }
 
-/// Serve one request the handler could read.
-async fn serve(request: Request<Body>) -> Result<Response<Body>, wstd::http::Error> {
+/// Serve one request.
+async fn serve(request: WasiRequest) -> Answer {
+    let method = method_name(&request.method());
+    let Some(path_with_query) = request.path_with_query() else {
+        return unreadable(&method);
+    };
+    let (path, query) = match path_with_query.split_once('?') {
+        Some((path, query)) => (path, Some(query.to_owned())),
+        None => (path_with_query.as_str(), None),
+    };
+    let path = if path.is_empty() { "/" } else { path };
+    let headers = headers_from(&request.headers());
+    let Ok(body) = request.consume() else {
+        return pool_response(&PoolError::pool(400, "The request body could not be read."));
+    };
+    drop(request);
+    let mut body = WasiBody::new(body);
     let Ok(db) = WitDb::open(DATABASE) else {
-        return Ok(pool_response(&PoolError::pool(
+        return pool_response(&PoolError::pool(
             503,
             "Account Pooler storage is unavailable; try again.",
-        )));
+        ));
     };
-    let (parts, body) = request.into_parts();
-    let mut headers = Headers::new();
-    for (n, v) in parts.headers.iter() {
-        if let Ok(v) = v.to_str() {
-            headers.push(n.as_str(), v);
-        }
-    }
-    let mut body = body.into_boxed_body();
     let mut engine = Engine::new(&db, &WasiUpstream, &WasiEnv);
     // The head first: a request the pool refuses anyway (a wrong token, say) has its body
     // read and dropped, never kept, so it cannot make the pool hold `max-request-body`.
-    let limit = match engine.screen(parts.method.as_str(), parts.uri.path(), &headers) {
+    let limit = match engine.screen(&method, path, &headers) {
         engine::Screen::Refused(response) => {
             drain(&mut body, DEFAULT_BODY_LIMIT).await;
-            engine.refused(parts.method.as_str(), parts.uri.path(), &response);
-            return Ok(to_wstd(response));
+            engine.refused(&method, path, &response);
+            return response;
         }
         engine::Screen::Admitted(admitted) => {
             let limit = admitted.max_body();
@@ -232,29 +347,23 @@ async fn serve(request: Request<Body>) -> Result<Response<Body>, wstd::http::Err
         }
         engine::Screen::Unknown => DEFAULT_BODY_LIMIT,
     };
-    // Held in chunks as it arrives, each frame copied once, within the instance's memory
+    // Held in chunks as it arrives, each copied once, within the instance's memory
     // ([`crate::body`]): a body the memory cannot hold is refused, not trapped on.
-    let declared = parts
-        .headers
+    let declared = headers
         .get("content-length")
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        .and_then(|v| v.parse::<u64>().ok());
     let mut collector = Collector::new(limit, declared);
     let mut refused = None;
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Some(data) = frame.data_ref()
-                    && let Err(r) = collector.push(data)
-                {
+    while let Some(chunk) = body.next_chunk().await {
+        match chunk {
+            Ok(chunk) => {
+                if let Err(r) = collector.push(&chunk) {
                     refused = Some(r);
                     break;
                 }
             }
             Err(_) => {
-                return Ok(pool_response(&PoolError::pool(
-                    400,
-                    "The request body could not be read.",
-                )));
+                return pool_response(&PoolError::pool(400, "The request body could not be read."));
             }
         }
     }
@@ -270,24 +379,23 @@ async fn serve(request: Request<Body>) -> Result<Response<Body>, wstd::http::Err
         }
     };
     let incoming = IncomingRequest {
-        method: parts.method.as_str().to_owned(),
-        path: parts.uri.path().to_owned(),
-        query: parts.uri.query().map(str::to_owned),
+        method,
+        path: path.to_owned(),
+        query,
         headers,
         body: held,
         body_refused: refused,
     };
-    Ok(to_wstd(engine.handle(incoming).await))
+    engine.handle(incoming).await
 }
 
-/// Read the rest of a body the pool will not keep, dropping each frame, up to `limit`
+/// Read the rest of a body the pool will not keep, dropping each chunk, up to `limit`
 /// bytes: a server that answers and closes with a body still arriving makes the client's
 /// kernel see a reset, and the client may lose the answer.
-async fn drain(body: &mut IncomingBody, limit: u64) {
+async fn drain(body: &mut WasiBody, limit: u64) {
     let mut left = limit;
-    while let Some(Ok(frame)) = body.frame().await {
-        let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-        let Some(rest) = left.checked_sub(n) else {
+    while let Some(Ok(chunk)) = body.next_chunk().await {
+        let Some(rest) = left.checked_sub(chunk.len() as u64) else {
             break;
         };
         left = rest;
@@ -318,38 +426,57 @@ impl Drop for Relayed {
     }
 }
 
-/// The engine's response as wstd's: a body the pool made, or the upstream's relayed.
-fn to_wstd(response: engine::Response<WasiBody>) -> Response<Body> {
-    let mut b = Response::builder().status(response.status);
-    for (n, v) in response.headers.iter() {
-        b = b.header(n, v);
-    }
-    let body = match response.body {
+/// Hand the engine's answer to the host and write its body: a body the pool made, or the
+/// upstream's relayed chunk by chunk. A body that broke, or that the host stopped taking
+/// (the client went away), is left unfinished, so the client sees it cut, never whole.
+async fn respond(out: ResponseOutparam, answer: Answer) {
+    let fields = fields_from(&answer.headers, None).unwrap_or_else(|_| {
+        // One header wasi:http refuses does not cost the client its answer.
+        let fields = Fields::new();
+        for (n, v) in answer.headers.iter() {
+            let _ = fields.append(n, v.as_bytes());
+        }
+        fields
+    });
+    let response = OutgoingResponse::new(fields);
+    // The engine's statuses are all valid HTTP statuses.
+    let _ = response.set_status_code(answer.status);
+    let Ok(body) = response.body() else {
+        ResponseOutparam::set(out, Err(ErrorCode::InternalError(None)));
+        return;
+    };
+    ResponseOutparam::set(out, Ok(response));
+    let Ok(stream) = body.write() else {
+        return;
+    };
+    let stream = AsyncOutputStream::new(stream);
+    match answer.body {
         engine::Body::Full(bytes) => {
             // A body in hand holds no lease (only relayed answers do); ended all the same.
-            if let Some(lease) = response.lease
+            if let Some(lease) = answer.lease
                 && let Ok(db) = WitDb::open(DATABASE)
             {
                 let _ = engine::end_flight(&db, &lease);
             }
-            Body::from(bytes)
+            if stream.write_all(&bytes).await.is_err() {
+                return;
+            }
         }
-        engine::Body::Stream(relay) => Body::from_try_stream(futures_lite::stream::unfold(
-            Relayed {
+        engine::Body::Stream(relay) => {
+            let mut relayed = Relayed {
                 relay,
-                lease: response.lease,
-            },
-            |mut r| async move {
-                engine::relay_next(&mut r.relay, &WasiEnv)
-                    .await
-                    .map(|chunk| (chunk.map_err(StreamBroke), r))
-            },
-        )),
-    };
-    b.body(body).unwrap_or_else(|_| {
-        pool_response(&PoolError::pool(
-            502,
-            "Account Pooler could not relay the upstream response.",
-        ))
-    })
+                lease: answer.lease,
+            };
+            while let Some(chunk) = engine::relay_next(&mut relayed.relay, &WasiEnv).await {
+                let Ok(chunk) = chunk else {
+                    return;
+                };
+                if stream.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    drop(stream);
+    let _ = OutgoingBody::finish(body, None);
 }
