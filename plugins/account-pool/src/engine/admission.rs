@@ -347,6 +347,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     pub(super) async fn handle_inner(
         &self,
         req: &IncomingRequest,
+        report: &std::cell::RefCell<super::report::Report>,
     ) -> Result<Response<U::Body>, DbError> {
         let start = self.env.now();
         // An unscreened request: everything it decides on in one read transaction, one
@@ -395,13 +396,13 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             snapshot,
         } = match decision {
             Decision::Refused(response) => {
-                self.report.borrow_mut().outcome = Some("refused");
+                report.borrow_mut().outcome = Some("refused");
                 return Ok(response);
             }
             Decision::Routed(routed) => *routed,
         };
         {
-            let mut report = self.report.borrow_mut();
+            let mut report = report.borrow_mut();
             report.provider = Some(snapshot.provider);
             report.thread = Some(thread.clone());
             report.session = info.key.as_deref().map(super::report::session_hash);
@@ -414,6 +415,9 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             key: info.key.as_deref(),
             settings: &settings,
             secret: std::cell::Cell::new(snapshot.secret.take().map(|s| (snapshot.read_at, s))),
+            last_try: std::cell::Cell::new(0),
+            sends: std::cell::Cell::new(0),
+            report,
         };
         self.route(&ctx, &thread, snapshot).await
     }

@@ -125,7 +125,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             refreshed: false,
             status: None,
         };
-        let sends_before = self.sends.get();
+        let sends_before = ctx.sends.get();
         loop {
             let next = match self.send_try(ctx, state, &mut tries).await? {
                 Ok((credential, response)) => {
@@ -136,12 +136,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             };
             if let Next::Done(attempt) = next {
                 // Every upstream call after the attempt's first repeated it on this account.
-                let repeats = self
+                let repeats = ctx
                     .sends
                     .get()
                     .saturating_sub(sends_before)
                     .saturating_sub(1);
-                self.report
+                ctx.report
                     .borrow_mut()
                     .retried(&state.id, u64::from(repeats));
                 return Ok(attempt);
@@ -162,7 +162,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             return cancelled(tries.status);
         }
         let now = self.env.now();
-        self.last_try.set(now);
+        ctx.last_try.set(now);
         // A token refresh started here runs to its end even if the client leaves
         // meanwhile: the endpoint may already have spent the old refresh token, and
         // only storing its answer keeps the account signed in.
@@ -176,7 +176,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             return cancelled(tries.status);
         }
         let request = self.upstream_request(ctx, &credential);
-        self.sends.set(self.sends.get() + 1);
+        ctx.sends.set(ctx.sends.get() + 1);
         tries.status = None;
         // Dropped unanswered when the client goes: wasi:http then aborts the request.
         let sent_at = self.env.now();
@@ -185,7 +185,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             Raced::Done(Ok(response)) => Some(response.status),
             _ => None,
         };
-        self.report.borrow_mut().sends.push(super::report::Call {
+        ctx.report.borrow_mut().sends.push(super::report::Call {
             account: state.id.clone(),
             status,
             ms: self.env.now().saturating_sub(sent_at),

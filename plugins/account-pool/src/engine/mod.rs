@@ -214,16 +214,11 @@ pub struct Engine<
     /// The route and settings [`Engine::screen`] read for this request (read here
     /// otherwise).
     admitted: Option<Admitted>,
-    /// When the current attempt last tried its account: the account's "last used" time,
-    /// written with the attempt's outcome.
-    last_try: std::cell::Cell<u64>,
-    /// Upstream calls this request has made (for the log line of a cancelled request).
-    sends: std::cell::Cell<u32>,
-    /// What the request came to so far: its one log line and its metrics at the end.
-    report: std::cell::RefCell<report::Report>,
 }
 
-/// The per-request facts every attempt needs.
+/// One routed request as it passes from phase to phase: the facts every attempt needs,
+/// and what the request has come to so far. It lives for the one request; the engine
+/// holds only the capabilities.
 struct Ctx<'r> {
     provider: Provider,
     req: &'r IncomingRequest,
@@ -233,6 +228,13 @@ struct Ctx<'r> {
     /// The secret the request's read took along for the account it will most likely try
     /// first, and when it was read; taken by the request's first try.
     secret: std::cell::Cell<Option<(u64, crate::store::Secret)>>,
+    /// When the current attempt last tried its account: the account's "last used" time,
+    /// written with the attempt's outcome.
+    last_try: std::cell::Cell<u64>,
+    /// Upstream calls this request has made (for the log line of a cancelled request).
+    sends: std::cell::Cell<u32>,
+    /// The request's one log line and its metrics, written when its answer is ready.
+    report: &'r std::cell::RefCell<report::Report>,
 }
 
 impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
@@ -244,9 +246,6 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             upstream,
             env,
             admitted: None,
-            last_try: std::cell::Cell::new(0),
-            sends: std::cell::Cell::new(0),
-            report: std::cell::RefCell::default(),
         }
     }
 
@@ -274,8 +273,11 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 RouteMatch::NotFound(p) => p.unwrap_or(Provider::Claude),
             },
         };
-        self.report.borrow_mut().provider = Some(shape);
-        let response = match self.handle_inner(&req).await {
+        let report = std::cell::RefCell::new(report::Report {
+            provider: Some(shape),
+            ..Default::default()
+        });
+        let response = match self.handle_inner(&req, &report).await {
             Ok(r) => r,
             Err(e) => {
                 self.env.log(
@@ -283,14 +285,18 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     "Account Pooler storage failed",
                     &[("error", e.to_string())],
                 );
-                self.report.borrow_mut().outcome = Some("error");
+                report.borrow_mut().outcome = Some("error");
                 Response::pool(
                     shape,
                     &PoolError::pool(503, "Account Pooler storage is unavailable; try again."),
                 )
             }
         };
-        self.finish(&response, self.env.now().saturating_sub(start));
+        self.finish(
+            report.into_inner(),
+            &response,
+            self.env.now().saturating_sub(start),
+        );
         response
     }
 
@@ -329,8 +335,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
     }
 
     /// Write the request's line and metrics for `response`, `total_ms` after it started.
-    fn finish(&self, response: &Response<U::Body>, total_ms: u64) {
-        let report = self.report.take();
+    fn finish(&self, report: report::Report, response: &Response<U::Body>, total_ms: u64) {
         report.emit(
             self.env,
             self.env,
@@ -347,12 +352,12 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             RouteMatch::MethodNotAllowed(p) => Some(p),
             RouteMatch::NotFound(p) => p,
         };
-        {
-            let mut report = self.report.borrow_mut();
-            report.provider = provider;
-            report.outcome = Some("refused");
-        }
-        self.finish(response, 0);
+        let report = report::Report {
+            provider,
+            outcome: Some("refused"),
+            ..Default::default()
+        };
+        self.finish(report, response, 0);
     }
 }
 

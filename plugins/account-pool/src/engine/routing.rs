@@ -156,7 +156,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 }
                 break;
             };
-            self.report.borrow_mut().chosen.push((id.clone(), role));
+            ctx.report.borrow_mut().chosen.push((id.clone(), role));
             if self.claim_new_session(ctx, thread, &id, role, now, &mut p)? {
                 continue;
             }
@@ -298,7 +298,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             if p.failure.is_some() {
                 return Ok(Step::On);
             }
-            self.report.borrow_mut().outcome = Some("failed");
+            ctx.report.borrow_mut().outcome = Some("failed");
             if let (Some(key), Some(pin)) = (ctx.key, p.pin.as_ref().filter(|p| p.claimed)) {
                 self.store
                     .release_claim(ctx.provider, key, pin.generation)?;
@@ -432,7 +432,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 observed,
             } => {
                 let now = self.env.now();
-                let noted = self.report.borrow().attempts.len();
+                let noted = ctx.report.borrow().attempts.len();
                 // What this outcome changes is one commit (one WAL write, one lock). The
                 // answer is in hand: if the commit cannot be written, it is tried again,
                 // then given up with a warning, and the client gets the answer anyway.
@@ -443,7 +443,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 };
                 self.bookkeeping(id, lost, || {
                     // A try that failed noted the attempt in the report already.
-                    self.report.borrow_mut().attempts.truncate(noted);
+                    ctx.report.borrow_mut().attempts.truncate(noted);
                     self.store.tx(|store| {
                         let (observation, observed_at) = &*observed;
                         self.observe(
@@ -453,7 +453,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                             ctx.settings.switch_threshold,
                             *observed_at,
                         )?;
-                        store.touch_account(id, state.last_used_at, self.last_try.get())?;
+                        store.touch_account(id, state.last_used_at, ctx.last_try.get())?;
                         let mut outcome = if served {
                             AttemptOutcome::Served
                         } else {
@@ -483,7 +483,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     })
                 });
                 {
-                    let mut report = self.report.borrow_mut();
+                    let mut report = ctx.report.borrow_mut();
                     let detour = report.attempts.last().is_some_and(|(_, o)| *o == "detour");
                     report.answered_by = Some(id.to_owned());
                     report.outcome = Some(match (served, detour) {
@@ -505,7 +505,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                 // Recorded, and nothing else: no pin, cursor or failure of this request
                 // is committed.
                 self.store.tx(|store| {
-                    store.touch_account(id, state.last_used_at, self.last_try.get())?;
+                    store.touch_account(id, state.last_used_at, ctx.last_try.get())?;
                     self.note_attempt(ctx, self.env.now(), id, status, AttemptOutcome::Cancelled)
                 })?;
                 self.cancelled(ctx, p.pin.as_ref(), Some(id))
@@ -513,7 +513,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             }
             Attempt::Failed { outcome, failure } => {
                 self.store.tx(|store| {
-                    store.touch_account(id, state.last_used_at, self.last_try.get())?;
+                    store.touch_account(id, state.last_used_at, ctx.last_try.get())?;
                     self.note_attempt(
                         ctx,
                         self.env.now(),
@@ -539,7 +539,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             self.store.release_claim(provider, key, pin.generation)?;
         }
         let now = self.env.now();
-        self.report.borrow_mut().outcome = Some("failed");
+        ctx.report.borrow_mut().outcome = Some("failed");
         let error = match p.failure {
             Some(f) => f,
             None => self.none_eligible(ctx, now)?,
@@ -576,14 +576,14 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         if let (Some(key), Some(p)) = (ctx.key, pin.filter(|p| p.claimed)) {
             self.store.release_claim(ctx.provider, key, p.generation)?;
         }
-        self.report.borrow_mut().outcome = Some("cancelled");
+        ctx.report.borrow_mut().outcome = Some("cancelled");
         self.env.log(
             Level::Info,
             CANCELLED_MESSAGE,
             &[
                 ("provider", ctx.provider.to_string()),
                 ("account", account.unwrap_or("none").to_owned()),
-                ("attempts", self.sends.get().to_string()),
+                ("attempts", ctx.sends.get().to_string()),
             ],
         );
         Ok(Response::pool(
@@ -680,7 +680,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
         status: Option<u16>,
         outcome: AttemptOutcome,
     ) -> Result<(), DbError> {
-        self.report
+        ctx.report
             .borrow_mut()
             .attempts
             .push((account.to_owned(), outcome.as_str()));
