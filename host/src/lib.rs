@@ -19,7 +19,7 @@
 //!
 //! The `pooler` command line ([`cli`]) sits beside them: `pooler serve` starts all three,
 //! and the other commands are clients of a running server's admin API ([`operate::wire`],
-//! with the shapes of [`operate::overview`]).
+//! with the shapes of [`operate::wire::overview`]).
 //!
 //! How it fits together, in the order a request meets it:
 //!
@@ -66,3 +66,4 @@ pub mod config;
 pub mod mediation;
 pub mod operate;
 pub mod runtime;
+pub mod time;

@@ -52,7 +52,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 for alert in open {
                     println!(
                         "open since {}: {}",
-                        crate::mediation::alerts::model::rfc3339(
+                        crate::time::rfc3339(
                             alert["since"].as_u64().unwrap_or(0)
                         ),
                         alert["kind"].as_str().unwrap_or("?")

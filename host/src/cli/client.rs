@@ -1,6 +1,6 @@
 //! How a command finds and talks to the running server: `DATA_DIR/server.json` (written by
 //! `pooler serve`) says where it listens, `DATA_DIR/admin-token` is the bearer token, and
-//! every call is one JSON request to the admin API ([`crate::operate::admin`]). Both files are
+//! every call is one JSON request to the admin API (its shapes: [`crate::operate::wire`]). Both files are
 //! trusted only when no one else can have written them, and only a loopback address is
 //! called: the token goes with every call. A refused request becomes an [`ApiFailure`]
 //! whose message is the server's.

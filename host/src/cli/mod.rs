@@ -12,7 +12,8 @@
 //! Write `cli/<group>.rs` with a `pub struct Args` (`#[derive(clap::Args)]`; its doc comment
 //! is the group's help; flatten [`client::ClientArgs`] for `--data-dir` and `--json`) and
 //! `pub async fn run(args: Args) -> anyhow::Result<()>`, then add one line
-//! `<Variant> => <group>,` to the `groups!` list below.
+//! `<Variant> => <group>,` to the `groups!` list below, and the file to the test that keeps
+//! the client commands to the wire (`the_client_commands_speak_only_the_wire`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -277,6 +278,41 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Every command but `serve` and `components` is a client of a running server: it
+    /// reaches the rest of the host only through the wire (`operate::wire`) and the shared
+    /// civil time, never the runtime, the mediation or the server's own modules.
+    #[test]
+    fn the_client_commands_speak_only_the_wire() {
+        let sources = [
+            ("account.rs", include_str!("account.rs")),
+            ("alerts.rs", include_str!("alerts.rs")),
+            ("client.rs", include_str!("client.rs")),
+            ("config.rs", include_str!("config.rs")),
+            ("explain.rs", include_str!("explain.rs")),
+            ("format.rs", include_str!("format.rs")),
+            ("login.rs", include_str!("login.rs")),
+            ("page.rs", include_str!("page.rs")),
+            ("retry.rs", include_str!("retry.rs")),
+            ("route.rs", include_str!("route.rs")),
+            ("session.rs", include_str!("session.rs")),
+            ("status.rs", include_str!("status.rs")),
+            ("thread.rs", include_str!("thread.rs")),
+        ];
+        let allowed = ["crate::cli", "crate::operate::wire", "crate::time"];
+        for (file, text) in sources {
+            for (at, _) in text.match_indices("crate::") {
+                let path: String = text[at..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                assert!(
+                    allowed.iter().any(|a| path.starts_with(a)),
+                    "cli/{file} reaches {path}, outside the wire"
+                );
+            }
+        }
     }
 
     /// The compile cache's location: the flag, then the environment, then the file, then

@@ -1,6 +1,6 @@
 //! `pooler status`: one screen that answers "is my pool healthy, and are my threads
 //! moving?", from the admin API's `GET /_pooler/overview` (the snapshot the status page
-//! shows too, [`crate::operate::overview`]).
+//! shows too, [`crate::operate::wire::overview`]).
 //!
 //! The screen is [`render`]: a pure function of the snapshot, the time to count from, and
 //! the [`Style`] (colour or not, the local UTC offset), so it is tested with fixed inputs.
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::UsageError;
 use super::client::ClientArgs;
-use crate::operate::overview::{Overview, Serving};
+use crate::operate::wire::overview::{Overview, Serving};
 use crate::operate::wire::{AccountView, AvailabilityView, TokenCountsView};
 
 /// Is the pool healthy, and are the threads moving? Providers, accounts, threads and their
@@ -59,7 +59,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let client = args.client.connect()?;
     // "Today" of the token counts is the local day.
-    let path = format!("overview?utc_offset_s={}", local_offset_s(now_ms()));
+    let path = format!("overview?utc_offset_s={}", crate::time::local_offset_s(super::format::now_ms()));
     let Some(every) = args.watch else {
         let answer = client.get(&path).await?;
         return args.client.print(&answer, |answer| {
@@ -115,43 +115,13 @@ fn interrupted() -> anyhow::Result<impl Future<Output = ()>> {
     })
 }
 
-/// This machine's clock (epoch ms), for the local UTC offset.
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Colour when stdout is a terminal and `NO_COLOR` is unset; the local offset at `now`.
 fn local_style(now: u64) -> Style {
     Style {
         colour: std::io::stdout().is_terminal()
             && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
-        utc_offset_s: local_offset_s(now),
+        utc_offset_s: crate::time::local_offset_s(now),
     }
-}
-
-/// The local time zone's UTC offset at `ms` (the C library's `localtime_r`, which reads
-/// `TZ` and the system's zone); 0 when it cannot say.
-#[cfg(unix)]
-fn local_offset_s(ms: u64) -> i32 {
-    let Ok(secs) = libc::time_t::try_from(ms / 1000) else {
-        return 0;
-    };
-    // SAFETY: `tm` is plain data that `localtime_r` fills in; both pointers are valid for the
-    // call and `localtime_r` (unlike `localtime`) keeps no pointer to them.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: as above: valid pointers to a `time_t` and a `tm` owned by this frame.
-    let filled = unsafe { libc::localtime_r(&secs, &mut tm) };
-    if filled.is_null() {
-        return 0;
-    }
-    i32::try_from(tm.tm_gmtoff).unwrap_or(0)
-}
-
-#[cfg(not(unix))]
-fn local_offset_s(_ms: u64) -> i32 {
-    0
 }
 
 const RESET: &str = "\x1b[0m";
@@ -512,7 +482,7 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operate::overview::{
+    use crate::operate::wire::overview::{
         Problem, ProviderOverview, RowOverview, ThreadOverview, summarize,
     };
     use crate::operate::wire::{AccountTokensView, CandidateView, ProviderName, WindowView};

@@ -6,7 +6,6 @@ pub mod components;
 pub mod http_in;
 pub mod logging;
 pub mod metrics;
-pub mod overview;
 pub mod server;
 pub mod tap;
 pub mod timeline;

@@ -175,7 +175,7 @@ impl Delivery {
             "account" => field(|c| c.account.clone()),
             "label" => field(|c| c.label.clone()),
             "thread" => field(|c| c.thread.clone()),
-            "until" => field(|c| c.until.map(super::model::rfc3339)),
+            "until" => field(|c| c.until.map(crate::time::rfc3339)),
             "reason" => field(|c| c.reason.clone()),
             _ => String::new(),
         }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::time::rfc3339;
 use serde::Serialize;
 
 /// The kinds of alert. The names are the `kind` field of the JSON document and the `kind`
@@ -183,24 +184,6 @@ impl Alert {
         }
         line
     }
-}
-
-/// `ms` (epoch milliseconds) as an RFC 3339 UTC time, to the second.
-pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
-    let days = (secs / 86_400) as i64;
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
 }
 
 /// The open episodes, by kind and subject.

@@ -1,4 +1,4 @@
-//! `GET /_pooler/overview`: the pool at a glance ([`crate::operate::overview::Overview`]), for
+//! `GET /_pooler/overview`: the pool at a glance ([`crate::operate::wire::overview::Overview`]), for
 //! `pooler status` and the status page. One call gathers the pool's accounts
 //! (`accounts.list-accounts`), the core's threads and live rows, Provider Retry's open
 //! candidates (`retry-admin.status`) and the pool's availability answer for each thread
@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::operate::overview::{Overview, Problem, RowOverview, ThreadOverview, summarize};
+use crate::operate::wire::overview::{Overview, Problem, RowOverview, ThreadOverview, summarize};
 use crate::operate::wire::{AccountTokensView, AccountView, CandidateView, ProviderName};
 use crate::runtime::bindings::retry::pooler::plugins::availability::AvailabilityQuery;
 use crate::runtime::bindings::types::Provider;
@@ -83,7 +83,7 @@ pub(super) async fn overview(admin: &Admin, utc_offset_s: i32) -> Overview {
         }
         Err(e) => problems.push(problem("sessions", e.message)),
     }
-    let today = crate::operate::overview::day_start(now, utc_offset_s);
+    let today = crate::operate::wire::overview::day_start(now, utc_offset_s);
     let mut tokens: BTreeMap<String, AccountTokensView> = BTreeMap::new();
     let five_hours_ago = now.saturating_sub(super::tokens::FIVE_HOURS_MS);
     for (since, last_5h) in [(today, false), (five_hours_ago, true)] {

@@ -1,5 +1,5 @@
 //! The status page: `/_pooler/page`, a small self-contained HTML page (with its script and
-//! style, embedded in the binary) that shows the [`overview`](super::overview) and refreshes
+//! style, embedded in the binary) that shows the [`overview`](crate::operate::wire::overview) and refreshes
 //! it every 2 s, with the actions a person needs in an incident (enable or disable an
 //! account, send a thread's retry now). It calls the admin API like the CLI does.
 //!

@@ -9,6 +9,8 @@
 //! `wit/retry-admin.wit` one to one, each variant as an object whose `kind` is the case name
 //! (`{"kind": "rescheduled", "from": …, "to": …}`).
 
+pub mod overview;
+
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
