@@ -21,7 +21,10 @@
 //!   (`TABLE_BENCH_ROUNDS`, default 3; each run `TABLE_BENCH_SECONDS`, default 3); the table
 //!   prints medians and the pool's spread (min–max) over the rounds; and the pool
 //!   process's CPU time per request (user + system, `/proc/PID/stat`, over every load run)
-//!   against nginx's (its master and workers);
+//!   against nginx's (its master and workers), with two floors from a second child serving
+//!   the pass-through fixture in the same host: the fixture forwarding the same request
+//!   (the host's share of a proxied request) and its `/time` answering at once (a fresh
+//!   instance and wasi:http alone); the pool minus the fixture is the pool's own share;
 //! - **memory**: the pool process's resident memory (`VmRSS`) idle after start (the
 //!   baseline), with 64 streams open through it (Claude-style SSE held mid-answer by the
 //!   upstream), and its peak (`VmHWM`) after everything;
@@ -36,7 +39,9 @@
 //! (`apt-get install wrk nginx-light`). The targets: RSS with 64 streams under
 //! 100 MB; at 64 clients at least 0.15× nginx's requests/s; the other figures no worse than
 //! before. `TABLE_BENCH_ONLY=load,memory` (any of `load`, `memory`, `reevaluate`, `start`)
-//! runs just those parts.
+//! runs just those parts. `TABLE_BENCH_POOL_COMPONENT=path/account_pool.wasm` serves that
+//! component as the pool instead of the embedded one: a guest built from another commit, to
+//! compare a change to the guest alone in one build of the host.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -47,15 +52,28 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use pooler_tests::bench::{self, configure_pool, median, serve_like_pooler};
+use pooler_tests::bench::{self, configure_pool, median, serve_like_pooler, serve_pool};
 use pooler_tests::client::TestClient;
+use pooler_tests::fixtures;
 use pooler_tests::pool::claude_body;
 use pooler_tests::upstream::{FakeUpstream, Gate, Received, Reply, Responder};
 
 /// Set in the child process that serves the pool.
 const CHILD: &str = "TABLE_BENCH_CHILD";
+/// The child serving the real pool.
+const POOL: &str = "pool";
+/// The child serving the pass-through fixture: the host's share of a request (a fresh
+/// instance, wasi:http in and out, one upstream call), without the pool's own work.
+const FIXTURE: &str = "fixture";
+/// A file to load as the pool instead of the embedded one (a guest built from another
+/// commit), so a change to the guest alone is compared in one build of the host.
+const POOL_COMPONENT: &str = "TABLE_BENCH_POOL_COMPONENT";
 /// The upstream URL handed to the child.
 const CHILD_UPSTREAM: &str = "TABLE_BENCH_UPSTREAM";
+/// Where the pool and its two floors are in the load targets.
+const POOL_AT: usize = 2;
+const FIXTURE_AT: usize = 3;
+const ANSWER_AT: usize = 4;
 /// Client counts of the load rows.
 const CLIENTS: [usize; 3] = [1, 16, 64];
 /// Streams held open for the memory row.
@@ -86,18 +104,35 @@ fn main() -> anyhow::Result<()> {
 async fn child() -> anyhow::Result<()> {
     let upstream = std::env::var(CHILD_UPSTREAM)?;
     let data = tempfile::tempdir()?;
-    let (url, host, core, stop) = serve_like_pooler(data.path()).await?;
+    if std::env::var(CHILD).as_deref() == Ok(FIXTURE) {
+        // The floor: the same host serving the pass-through fixture as its pool.
+        let (url, host, stop) = serve_pool(fixtures::POOL, data.path()).await?;
+        println!("ready {url} -");
+        std::io::stdout().flush()?;
+        wait_for_stdin_to_close().await?;
+        let _ = stop.send(());
+        drop(host);
+        return Ok(());
+    }
+    let pool = std::env::var(POOL_COMPONENT).unwrap_or_else(|_| "embedded".to_owned());
+    let (url, host, core, stop) = serve_like_pooler(data.path(), &pool).await?;
     let token = configure_pool(&host, &url, &upstream).await?;
     println!("ready {url} {token}");
     std::io::stdout().flush()?;
+    wait_for_stdin_to_close().await?;
+    let _ = stop.send(());
+    core.shutdown().await;
+    drop(host);
+    Ok(())
+}
+
+/// The parent closes a child's stdin (drops it) when it is done with the child.
+async fn wait_for_stdin_to_close() -> anyhow::Result<()> {
     tokio::task::spawn_blocking(|| {
         let mut sink = Vec::new();
         let _ = std::io::stdin().read_to_end(&mut sink);
     })
     .await?;
-    let _ = stop.send(());
-    core.shutdown().await;
-    drop(host);
     Ok(())
 }
 
@@ -109,9 +144,11 @@ struct PoolProcess {
 }
 
 impl PoolProcess {
-    fn start(upstream: &str) -> anyhow::Result<PoolProcess> {
+    /// A child serving `kind`: [`POOL`] (the real pool, as `pooler serve` runs it) or
+    /// [`FIXTURE`] (the pass-through fixture in the same host).
+    fn start(upstream: &str, kind: &str) -> anyhow::Result<PoolProcess> {
         let mut child = Command::new(std::env::current_exe()?)
-            .env(CHILD, "pool")
+            .env(CHILD, kind)
             .env(CHILD_UPSTREAM, upstream)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::piped())
@@ -330,11 +367,11 @@ fn wrk_ms(text: &str) -> anyhow::Result<f64> {
     Ok(number.parse::<f64>()? * factor)
 }
 
-/// Run wrk with `clients` connections against the target of `script` at `base`, served
+/// Run wrk with `clients` connections against the target of `script` at `url`, served
 /// by process `pid` (and its children) when it is not this one.
 fn wrk(
     script: &Path,
-    base: &str,
+    url: &str,
     clients: usize,
     seconds: u64,
     pid: Option<u32>,
@@ -352,7 +389,7 @@ fn wrk(
             "-s",
         ])
         .arg(script)
-        .arg(format!("{base}/v1/messages"))
+        .arg(url)
         .output()?;
     let cpu_us = match (pid, cpu_before) {
         (Some(pid), Some(before)) => Some(tree_cpu_us(pid)? - before),
@@ -362,7 +399,7 @@ fn wrk(
     anyhow::ensure!(output.status.success(), "wrk failed: {text}");
     anyhow::ensure!(
         !text.contains("Non-2xx") && !text.contains("Socket errors"),
-        "wrk against {base} saw failures:\n{text}"
+        "wrk against {url} saw failures:\n{text}"
     );
     let field = |prefix: &str| -> anyhow::Result<&str> {
         text.lines()
@@ -475,7 +512,7 @@ async fn run() -> anyhow::Result<()> {
     let upstream = FakeUpstream::start().await;
     upstream.set_recording(false);
     let pool = if part("load") || part("memory") {
-        Some(PoolProcess::start(&upstream.url())?)
+        Some(PoolProcess::start(&upstream.url(), POOL)?)
     } else {
         None
     };
@@ -489,6 +526,7 @@ async fn run() -> anyhow::Result<()> {
         let nginx_dir = dir.path().join("nginx");
         std::fs::create_dir_all(&nginx_dir)?;
         let nginx = Nginx::start(&nginx_dir, upstream.addr()).await?;
+        let fixture = PoolProcess::start(&upstream.url(), FIXTURE)?;
         let client = TestClient::new();
         let answer = client
             .send(request(&pool.url, Some(&pool.token), SESSION))
@@ -499,24 +537,38 @@ async fn run() -> anyhow::Result<()> {
             answer.status,
             answer.body
         );
+        // The pool's indices are fixed ([`POOL_AT`] and the floors after it) because the
+        // rows below name them.
         let targets = [
             (
                 "direct",
-                upstream.url(),
+                format!("{}/v1/messages", upstream.url()),
                 wrk_script(dir.path(), "direct", None)?,
                 None,
             ),
             (
                 "nginx",
-                nginx.url.clone(),
+                format!("{}/v1/messages", nginx.url),
                 wrk_script(dir.path(), "nginx", None)?,
                 Some(nginx.child.id()),
             ),
             (
                 "pool",
-                pool.url.clone(),
+                format!("{}/v1/messages", pool.url),
                 wrk_script(dir.path(), "pool", Some(&pool.token))?,
                 Some(pool.child.id()),
+            ),
+            (
+                "fixture",
+                format!("{}/proxy/{}/v1/messages", fixture.url, upstream.addr()),
+                wrk_script(dir.path(), "fixture", None)?,
+                Some(fixture.child.id()),
+            ),
+            (
+                "answer",
+                format!("{}/time", fixture.url),
+                wrk_script(dir.path(), "answer", None)?,
+                Some(fixture.child.id()),
             ),
         ];
         // Warm-up: connections, the guest's code, the session's pin.
@@ -545,10 +597,10 @@ async fn run() -> anyhow::Result<()> {
             median(&mut runs[t][c].iter().map(f).collect::<Vec<_>>())
         };
         let pool_values =
-            |c: usize, f: fn(&Load) -> f64| runs[2][c].iter().map(f).collect::<Vec<_>>();
+            |c: usize, f: fn(&Load) -> f64| runs[POOL_AT][c].iter().map(f).collect::<Vec<_>>();
         for (c, clients) in CLIENTS.iter().enumerate() {
             let per_second = |l: &Load| l.per_second;
-            let pool_rps = med(2, c, per_second);
+            let pool_rps = med(POOL_AT, c, per_second);
             for (t, name) in [(0, "direct"), (1, "nginx")] {
                 let base = med(t, c, per_second);
                 rows.push(Row {
@@ -563,7 +615,7 @@ async fn run() -> anyhow::Result<()> {
                 ("p50", (|l: &Load| l.p50) as fn(&Load) -> f64),
                 ("p99", |l: &Load| l.p99),
             ] {
-                let value = med(2, c, f);
+                let value = med(POOL_AT, c, f);
                 for (t, name) in [(0, "direct"), (1, "nginx")] {
                     let base = med(t, c, f);
                     rows.push(Row {
@@ -588,19 +640,51 @@ async fn run() -> anyhow::Result<()> {
             });
             cpu / requests.max(1) as f64
         };
-        let (pool_cpu, nginx_cpu) = (per_request(2), per_request(1));
-        let pool_each: Vec<f64> = runs[2]
-            .iter()
-            .flatten()
-            .map(|l| l.cpu_us.unwrap_or(0.0) / l.requests.max(1) as f64)
-            .collect();
+        let (pool_cpu, nginx_cpu) = (per_request(POOL_AT), per_request(1));
+        let each = |t: usize| -> Vec<f64> {
+            runs[t]
+                .iter()
+                .flatten()
+                .map(|l| l.cpu_us.unwrap_or(0.0) / l.requests.max(1) as f64)
+                .collect()
+        };
         rows.push(Row {
             figure: "pool CPU µs per request (all load runs)".into(),
             value: format!("{pool_cpu:.0}"),
             baseline: format!("{nginx_cpu:.0} (nginx)"),
             ratio: pool_cpu / nginx_cpu,
-            note: format!("runs {}", spread(&pool_each, 0)),
+            note: format!("runs {}", spread(&each(POOL_AT), 0)),
         });
+        // The floors under it, in the same host: what a request costs before the pool
+        // does anything of its own, so a cut of the pool's CPU can be judged against the
+        // part the pool's code can change.
+        let (fixture_cpu, answer_cpu) = (per_request(FIXTURE_AT), per_request(ANSWER_AT));
+        rows.push(Row {
+            figure: "pass-through fixture CPU µs per request".into(),
+            value: format!("{fixture_cpu:.0}"),
+            baseline: format!("{pool_cpu:.0} (pool)"),
+            ratio: fixture_cpu / pool_cpu,
+            note: format!(
+                "the host's share; {}",
+                spread(&each(FIXTURE_AT), 0).replacen("pool", "fixture", 1)
+            ),
+        });
+        rows.push(Row {
+            figure: "answer-at-once guest CPU µs per request".into(),
+            value: format!("{answer_cpu:.0}"),
+            baseline: format!("{pool_cpu:.0} (pool)"),
+            ratio: answer_cpu / pool_cpu,
+            note: "a fresh instance and wasi:http in and out, no upstream".into(),
+        });
+        let own = pool_cpu - fixture_cpu;
+        rows.push(Row {
+            figure: "pool's own CPU µs per request (pool − fixture)".into(),
+            value: format!("{own:.0}"),
+            baseline: format!("{pool_cpu:.0} (pool)"),
+            ratio: own / pool_cpu,
+            note: "what the pool's code can cut".into(),
+        });
+        drop(fixture);
         drop(nginx);
     }
 

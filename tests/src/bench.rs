@@ -70,11 +70,13 @@ pub async fn serve_pool(
 }
 
 /// A host as `pooler serve` runs it: the core (`CoreLink`, its database in `data`), both
-/// embedded plugins, the Account Pooler allowed to reach loopback, the default maintenance
-/// tick, on an ephemeral loopback port with the tests' compile cache. Its URL, the host, the
-/// core, and the sender that stops the server.
+/// plugins (the Account Pooler from `pool_component`, a path or `embedded`), the Account
+/// Pooler allowed to reach loopback, the default maintenance tick, on an ephemeral loopback
+/// port with the tests' compile cache. Its URL, the host, the core, and the sender that
+/// stops the server.
 pub async fn serve_like_pooler(
     data: &Path,
+    pool_component: &str,
 ) -> anyhow::Result<(
     String,
     Host,
@@ -82,9 +84,9 @@ pub async fn serve_like_pooler(
     tokio::sync::oneshot::Sender<()>,
 )> {
     use pooler_host::mediation::core_link::{CoreLink, CoreOptions};
-    let config = Config::parse(
-        "[plugins.account-pool]\ncomponent = \"embedded\"\nallowed-hosts = [\"127.0.0.1\"]\n",
-    )?;
+    let config = Config::parse(&format!(
+        "[plugins.account-pool]\ncomponent = {pool_component:?}\nallowed-hosts = [\"127.0.0.1\"]\n",
+    ))?;
     let clock: pooler_core::clock::SharedClock = Arc::new(SystemClock::new());
     let core = CoreLink::open(data, clock.clone(), CoreOptions::from_host_config(&config))?;
     let host = Host::new(HostOptions {
