@@ -1,46 +1,13 @@
-//! Errors of the core. [`ThreadsError`] mirrors the WIT `threads-error` variant case for case
-//! (the host converts it one-to-one for plugins), except [`ThreadsError::RowOfOtherThread`],
-//! which a plugin is answered as `no-such-row` (the host logs the owner); [`CoreError`] covers the host- and
+//! Errors of the core. [`ThreadsError`] is the plugins' kit's: the WIT `threads-error` case
+//! for case, plus [`ThreadsError::RowOfOtherThread`], which a plugin is answered as
+//! `no-such-row` (the host logs the owner); [`CoreError`] covers the host- and
 //! person-facing operations (turns, due loop, send-now, outbox).
 
 use crate::model::RowId;
 
-/// Why a `threads` call was refused (WIT `threads-error`). Nothing changed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ThreadsError {
-    /// No thread has this id.
-    #[error("no thread {0}")]
-    NoSuchThread(String),
-    /// The thread is not in `error`, or the request is not its latest request.
-    #[error("the thread has no failed turn with that request as its latest")]
-    NoFailedTurn,
-    /// The chain already has a live row (also while that row is being dispatched).
-    #[error("the chain already has live row {0}")]
-    AlreadyQueued(RowId),
-    /// No live row has this id.
-    #[error("no live row {0}")]
-    NoSuchRow(RowId),
-    /// The live row `row` belongs to thread `owner`, not to the thread the caller named.
-    /// Refused before any write; WIT `no-such-row` ("no live row of this thread has this
-    /// id"): the caller learns nothing it could not already list, the host logs `owner`.
-    #[error("live row {row} is a row of thread {owner}, not of the thread named")]
-    RowOfOtherThread { row: RowId, owner: String },
-    /// The thread is archived.
-    #[error("the thread is archived")]
-    Archived,
-    /// An argument is invalid.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    /// The core's database failed. Transient.
-    #[error("core storage: {0}")]
-    Storage(String),
-}
-
-impl From<rusqlite::Error> for ThreadsError {
-    fn from(e: rusqlite::Error) -> Self {
-        ThreadsError::Storage(e.to_string())
-    }
-}
+/// Why a `threads` call was refused (WIT `threads-error`): the plugins' kit's, one
+/// definition for the core and Provider Retry.
+pub use pooler_plugin_kit::ThreadsError;
 
 /// Why a host- or person-facing core operation was refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -54,6 +54,14 @@ macro_rules! wire_enum {
 /// with its wire spelling (`claude`, `codex`) in serde.
 pub use pooler_plugin_kit::Provider;
 
+/// The records the core serves to plugins (threads, queued rows, turn events, failures and
+/// rate-limit snapshots): the plugins' kit's, so the core and Provider Retry share one
+/// definition, and serde spells them as the WIT does.
+pub use pooler_plugin_kit::turns::{
+    Failure, FailureCategory, FailureOrigin, LimitKind, LimitStatus, LimitWindow, QueuedRow,
+    RateLimitSnapshot, RowKind, ThreadInfo, ThreadStatus, TurnFailedEvent, TurnSucceededEvent,
+};
+
 wire_enum! {
     /// What runs a thread's turns.
     pub enum Agent {
@@ -78,83 +86,6 @@ impl Agent {
 }
 
 wire_enum! {
-    /// A thread's status (WIT `thread-status`).
-    pub enum ThreadStatus {
-        /// No turn running; the last turn succeeded (or none ran).
-        Idle => "idle",
-        /// A turn is running.
-        Active => "active",
-        /// The last turn failed.
-        Error => "error",
-    }
-}
-
-wire_enum! {
-    /// The failure category (WIT `failure-category`); the list is closed.
-    pub enum FailureCategory {
-        ActiveTurnNotSteerable => "active-turn-not-steerable",
-        BadRequest => "bad-request",
-        Billing => "billing",
-        BudgetExceeded => "budget-exceeded",
-        ConnectionFailed => "connection-failed",
-        ContextWindowExceeded => "context-window-exceeded",
-        Internal => "internal",
-        MaxOutputTokens => "max-output-tokens",
-        MaxTurns => "max-turns",
-        Overloaded => "overloaded",
-        Policy => "policy",
-        RateLimit => "rate-limit",
-        Sandbox => "sandbox",
-        StreamDisconnected => "stream-disconnected",
-        StructuredOutputRetries => "structured-output-retries",
-        ThreadRollbackFailed => "thread-rollback-failed",
-        TooManyFailedAttempts => "too-many-failed-attempts",
-        Unauthorized => "unauthorized",
-        Unknown => "unknown",
-    }
-}
-
-wire_enum! {
-    /// Who produced the failing answer (WIT `failure-origin`).
-    pub enum FailureOrigin {
-        /// The upstream provider API answered.
-        Provider => "provider",
-        /// The pool answered for itself (`x-pooler-origin: pool`).
-        Pool => "pool",
-        /// No HTTP answer at all.
-        Transport => "transport",
-    }
-}
-
-wire_enum! {
-    /// Status of a rate-limit window or snapshot (WIT `limit-status`).
-    pub enum LimitStatus {
-        Allowed => "allowed",
-        Warning => "warning",
-        Blocked => "blocked",
-        Unknown => "unknown",
-    }
-}
-
-wire_enum! {
-    /// What kind of limit a snapshot describes (WIT `limit-kind`).
-    pub enum LimitKind {
-        SubscriptionWindow => "subscription-window",
-        Credits => "credits",
-        SpendControl => "spend-control",
-        Unknown => "unknown",
-    }
-}
-
-wire_enum! {
-    /// The kind of a queued row (WIT `row-kind`).
-    pub enum RowKind {
-        /// An automatic retry of a failed turn.
-        Retry => "retry",
-    }
-}
-
-wire_enum! {
     /// Who started a turn request.
     pub enum TurnTrigger {
         /// A person's message (`send`).
@@ -174,46 +105,6 @@ wire_enum! {
     }
 }
 
-/// What is known about why a turn failed (WIT `failure`). Nothing known is dropped.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Failure {
-    pub category: FailureCategory,
-    /// The provider's own error code or variant name, when there was one.
-    pub provider_code: Option<String>,
-    /// The HTTP status of the failing response, or the status a Codex variant carried.
-    pub http_status: Option<u16>,
-    pub origin: FailureOrigin,
-    /// Absolute deadline from `Retry-After` or a body reset field.
-    pub retry_after: Option<Timestamp>,
-    /// A short human-readable message (≤ 1 KiB), never containing a credential.
-    pub message: Option<String>,
-}
-
-/// One rate-limit window of a snapshot (WIT `limit-window`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct LimitWindow {
-    pub key: Option<String>,
-    pub label: Option<String>,
-    pub status: LimitStatus,
-    pub resets_at: Option<Timestamp>,
-    /// Fraction 0..=1.
-    pub utilization: Option<f64>,
-}
-
-/// The latest rate-limit state observed for a provider (WIT `rate-limit-snapshot`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct RateLimitSnapshot {
-    pub provider: Provider,
-    pub status: LimitStatus,
-    pub kind: LimitKind,
-    pub windows: Vec<LimitWindow>,
-    pub reached_reason: Option<String>,
-    pub observed_at: Timestamp,
-}
-
 /// One move of a live row for [`crate::Core::reschedule_many`] (WIT `threads.row-move`):
 /// `row` must be a live row of `thread`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,71 +113,6 @@ pub struct RowMove {
     pub row: RowId,
     pub send_at: Timestamp,
     pub reason: String,
-}
-
-/// A live row of the retry queue (WIT `queued-row`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct QueuedRow {
-    pub id: RowId,
-    pub thread: ThreadId,
-    pub kind: RowKind,
-    pub failed_request: RequestId,
-    pub original_request: RequestId,
-    /// The attempt the dispatch of this row will carry; rescheduling never changes it.
-    pub attempt: u32,
-    pub send_at: Timestamp,
-    pub reason: String,
-    pub created_at: Timestamp,
-    pub waiting_for_slot: bool,
-}
-
-/// A thread as plugins see it (WIT `thread-info`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct ThreadInfo {
-    pub id: ThreadId,
-    pub provider: Provider,
-    pub model: Option<String>,
-    pub status: ThreadStatus,
-    pub archived: bool,
-    pub retry_opt_out: bool,
-    /// The latest turn request that was started (queued input does not count).
-    pub latest_request: Option<RequestId>,
-    /// A user message is queued and not yet started.
-    pub input_queued: bool,
-    pub routed_by_pool: bool,
-}
-
-/// The `turn-failed` event (WIT `turn-failed-event`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct TurnFailedEvent {
-    pub thread: ThreadId,
-    pub provider: Provider,
-    pub model: Option<String>,
-    pub failed_request: RequestId,
-    pub original_request: RequestId,
-    pub attempt: u32,
-    pub failed_at: Timestamp,
-    /// T0: when the chain's first failure was recorded.
-    pub chain_started_at: Timestamp,
-    pub input_accepted: bool,
-    pub routed_by_pool: bool,
-    pub rate_limits: Option<RateLimitSnapshot>,
-    pub failure: Option<Failure>,
-}
-
-/// The `turn-succeeded` event (WIT `turn-succeeded-event`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct TurnSucceededEvent {
-    pub thread: ThreadId,
-    pub provider: Provider,
-    pub request: RequestId,
-    pub original_request: RequestId,
-    pub attempt: u32,
-    pub succeeded_at: Timestamp,
 }
 
 /// A plugin event as stored in the outbox.

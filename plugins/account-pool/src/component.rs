@@ -97,30 +97,6 @@ impl Log for WasiEnv {
 
 // ---- type adapters ----------------------------------------------------------------------
 
-fn availability_out(a: model::Availability) -> types::Availability {
-    use model::{BlockCause as B, UnavailableReason as U};
-    match a {
-        model::Availability::NotRouted => types::Availability::NotRouted,
-        model::Availability::Ready => types::Availability::Ready,
-        model::Availability::Blocked { retry_at, cause } => {
-            types::Availability::Blocked(types::Blocked {
-                retry_at,
-                cause: match cause {
-                    B::QuotaExhausted => types::BlockCause::QuotaExhausted,
-                    B::FamilyQuotaExhausted => types::BlockCause::FamilyQuotaExhausted,
-                    B::Held => types::BlockCause::Held,
-                    B::UsageRestricted => types::BlockCause::UsageRestricted,
-                },
-            })
-        }
-        model::Availability::Unavailable(r) => types::Availability::Unavailable(match r {
-            U::NoEnabledAccount => types::UnavailableReason::NoEnabledAccount,
-            U::Authentication => types::UnavailableReason::Authentication,
-            U::ResetUnknown => types::UnavailableReason::ResetUnknown,
-        }),
-    }
-}
-
 fn attempt_outcome_out(o: AttemptOutcome) -> routing::AttemptOutcome {
     use routing::AttemptOutcome as W;
     match o {
@@ -192,13 +168,9 @@ fn deliver(admin: &Admin<'_, WitDb, WasiUpstream, WasiEnv>) {
     match admin.take_changes() {
         Ok(changes) => {
             for c in changes {
-                let queued =
-                    availability_listener::availability_changed(&types::AvailabilityChange {
-                        provider: types::Provider::from(c.provider),
-                        causes: c.causes.into_iter().map(types::ChangeCause::from).collect(),
-                        earliest: availability_out(c.earliest),
-                        detected_at: c.detected_at,
-                    });
+                let queued = availability_listener::availability_changed(
+                    &types::AvailabilityChange::from(&c),
+                );
                 // The host could not queue it; the listeners' fallback tick covers the loss.
                 if let Err(e) = queued {
                     WasiEnv.log(
@@ -244,7 +216,7 @@ impl availability::Guest for Component {
         let answers = WitDb::open(DATABASE)
             .and_then(|db| Admin::new(&db, &WasiUpstream, &WasiEnv)?.availability_many(&asked));
         match answers {
-            Ok(answers) => answers.into_iter().map(availability_out).collect(),
+            Ok(answers) => answers.into_iter().map(types::Availability::from).collect(),
             // The pool answered but could not read its state: say so rather than guess.
             Err(e) => {
                 WasiEnv.log(

@@ -251,31 +251,10 @@ pub const MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
 /// Causes of an availability change: the kit's, shared with every plugin.
 pub use pooler_plugin_kit::cause::ChangeCause;
 
-/// The availability answer (mirror of the WIT `availability` variant).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Availability {
-    NotRouted,
-    Ready,
-    Blocked { retry_at: u64, cause: BlockCause },
-    Unavailable(UnavailableReason),
-}
-
-/// Why a blocked pool is blocked (mirror of the WIT `block-cause`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockCause {
-    QuotaExhausted,
-    FamilyQuotaExhausted,
-    Held,
-    UsageRestricted,
-}
-
-/// Why nothing can serve and no time is known (mirror of the WIT `unavailable-reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnavailableReason {
-    NoEnabledAccount,
-    Authentication,
-    ResetUnknown,
-}
+/// The availability answer and its parts: the kit's, shared with Provider Retry. The pool
+/// never answers `source-unavailable` itself (that is the host's answer when no pool can be
+/// asked).
+pub use pooler_plugin_kit::availability::{Availability, BlockCause, UnavailableReason};
 
 #[cfg(test)]
 mod tests {

@@ -57,6 +57,26 @@ impl ChangeCause {
         }
     }
 
+    /// The cause in words ("account enabled"), as the admin API and `pooler retry explain`
+    /// show it, and as Provider Retry's history once stored it.
+    pub fn words(self) -> &'static str {
+        match self {
+            ChangeCause::AccountAdded => "account added",
+            ChangeCause::AccountEnabled => "account enabled",
+            ChangeCause::AccountDisabled => "account disabled",
+            ChangeCause::AccountRemoved => "account removed",
+            ChangeCause::ErrorCleared => "account error cleared",
+            ChangeCause::ErrorSet => "account error",
+            ChangeCause::HoldEnded => "hold ended",
+            ChangeCause::ConfigChanged => "pool settings changed",
+            ChangeCause::RoutingChanged => "routing changed",
+            ChangeCause::PriorityChanged => "account priorities changed",
+            ChangeCause::EarlierResetObserved => "earlier reset observed",
+            ChangeCause::LaterResetObserved => "later reset observed",
+            ChangeCause::ResetPassed => "reset passed",
+        }
+    }
+
     /// The cause a stable name stands for (exactly as [`ChangeCause::name`] writes it).
     pub fn parse(s: &str) -> Option<ChangeCause> {
         Self::ALL.into_iter().find(|c| c.name() == s)

@@ -164,64 +164,218 @@ impl Metrics for WitMetrics {
     }
 }
 
-impl From<types::Provider> for crate::Provider {
-    fn from(p: types::Provider) -> Self {
-        match p {
-            types::Provider::Claude => crate::Provider::Claude,
-            types::Provider::Codex => crate::Provider::Codex,
+/// `From` both ways between a WIT enum and the kit's, whose cases have the same names.
+macro_rules! same_cases {
+    ($wit:ty, $kit:ty { $($case:ident),+ $(,)? }) => {
+        impl From<$wit> for $kit {
+            fn from(c: $wit) -> Self {
+                match c { $(<$wit>::$case => <$kit>::$case,)+ }
+            }
+        }
+        impl From<$kit> for $wit {
+            fn from(c: $kit) -> Self {
+                match c { $(<$kit>::$case => <$wit>::$case,)+ }
+            }
+        }
+    };
+}
+
+use crate::availability::{Availability, AvailabilityChange, BlockCause, UnavailableReason};
+use crate::turns::{
+    Failure, FailureCategory, FailureOrigin, LimitKind, LimitStatus, LimitWindow, QueuedRow,
+    RateLimitSnapshot, RowKind,
+};
+
+same_cases!(types::Provider, crate::Provider { Claude, Codex });
+same_cases!(
+    types::ChangeCause,
+    crate::cause::ChangeCause {
+        AccountAdded,
+        AccountEnabled,
+        AccountDisabled,
+        AccountRemoved,
+        ErrorCleared,
+        ErrorSet,
+        HoldEnded,
+        ConfigChanged,
+        RoutingChanged,
+        PriorityChanged,
+        EarlierResetObserved,
+        LaterResetObserved,
+        ResetPassed,
+    }
+);
+same_cases!(
+    types::UnavailableReason,
+    UnavailableReason {
+        NoEnabledAccount,
+        Authentication,
+        ResetUnknown,
+        SourceUnavailable,
+    }
+);
+same_cases!(
+    types::BlockCause,
+    BlockCause {
+        QuotaExhausted,
+        FamilyQuotaExhausted,
+        Held,
+        UsageRestricted,
+    }
+);
+same_cases!(
+    types::FailureCategory,
+    FailureCategory {
+        ActiveTurnNotSteerable,
+        BadRequest,
+        Billing,
+        BudgetExceeded,
+        ConnectionFailed,
+        ContextWindowExceeded,
+        Internal,
+        MaxOutputTokens,
+        MaxTurns,
+        Overloaded,
+        Policy,
+        RateLimit,
+        Sandbox,
+        StreamDisconnected,
+        StructuredOutputRetries,
+        ThreadRollbackFailed,
+        TooManyFailedAttempts,
+        Unauthorized,
+        Unknown,
+    }
+);
+same_cases!(
+    types::FailureOrigin,
+    FailureOrigin {
+        Provider,
+        Pool,
+        Transport
+    }
+);
+same_cases!(
+    types::LimitStatus,
+    LimitStatus {
+        Allowed,
+        Warning,
+        Blocked,
+        Unknown
+    }
+);
+same_cases!(
+    types::LimitKind,
+    LimitKind {
+        SubscriptionWindow,
+        Credits,
+        SpendControl,
+        Unknown
+    }
+);
+same_cases!(types::RowKind, RowKind { Retry });
+
+impl From<types::Availability> for Availability {
+    fn from(a: types::Availability) -> Self {
+        match a {
+            types::Availability::NotRouted => Availability::NotRouted,
+            types::Availability::Ready => Availability::Ready,
+            types::Availability::Blocked(b) => Availability::Blocked {
+                retry_at: b.retry_at,
+                cause: b.cause.into(),
+            },
+            types::Availability::Unavailable(r) => Availability::Unavailable(r.into()),
         }
     }
 }
 
-impl From<crate::Provider> for types::Provider {
-    fn from(p: crate::Provider) -> Self {
-        match p {
-            crate::Provider::Claude => types::Provider::Claude,
-            crate::Provider::Codex => types::Provider::Codex,
+impl From<Availability> for types::Availability {
+    fn from(a: Availability) -> Self {
+        match a {
+            Availability::NotRouted => types::Availability::NotRouted,
+            Availability::Ready => types::Availability::Ready,
+            Availability::Blocked { retry_at, cause } => {
+                types::Availability::Blocked(types::Blocked {
+                    retry_at,
+                    cause: cause.into(),
+                })
+            }
+            Availability::Unavailable(r) => types::Availability::Unavailable(r.into()),
         }
     }
 }
 
-impl From<types::ChangeCause> for crate::cause::ChangeCause {
-    fn from(c: types::ChangeCause) -> Self {
-        use crate::cause::ChangeCause as C;
-        use types::ChangeCause as W;
-        match c {
-            W::AccountAdded => C::AccountAdded,
-            W::AccountEnabled => C::AccountEnabled,
-            W::AccountDisabled => C::AccountDisabled,
-            W::AccountRemoved => C::AccountRemoved,
-            W::ErrorCleared => C::ErrorCleared,
-            W::ErrorSet => C::ErrorSet,
-            W::HoldEnded => C::HoldEnded,
-            W::ConfigChanged => C::ConfigChanged,
-            W::RoutingChanged => C::RoutingChanged,
-            W::PriorityChanged => C::PriorityChanged,
-            W::EarlierResetObserved => C::EarlierResetObserved,
-            W::LaterResetObserved => C::LaterResetObserved,
-            W::ResetPassed => C::ResetPassed,
+impl From<types::AvailabilityChange> for AvailabilityChange {
+    fn from(c: types::AvailabilityChange) -> Self {
+        AvailabilityChange {
+            provider: c.provider.into(),
+            causes: c.causes.into_iter().map(Into::into).collect(),
+            earliest: c.earliest.into(),
+            detected_at: c.detected_at,
         }
     }
 }
 
-impl From<crate::cause::ChangeCause> for types::ChangeCause {
-    fn from(c: crate::cause::ChangeCause) -> Self {
-        use crate::cause::ChangeCause as C;
-        use types::ChangeCause as W;
-        match c {
-            C::AccountAdded => W::AccountAdded,
-            C::AccountEnabled => W::AccountEnabled,
-            C::AccountDisabled => W::AccountDisabled,
-            C::AccountRemoved => W::AccountRemoved,
-            C::ErrorCleared => W::ErrorCleared,
-            C::ErrorSet => W::ErrorSet,
-            C::HoldEnded => W::HoldEnded,
-            C::ConfigChanged => W::ConfigChanged,
-            C::RoutingChanged => W::RoutingChanged,
-            C::PriorityChanged => W::PriorityChanged,
-            C::EarlierResetObserved => W::EarlierResetObserved,
-            C::LaterResetObserved => W::LaterResetObserved,
-            C::ResetPassed => W::ResetPassed,
+impl From<&AvailabilityChange> for types::AvailabilityChange {
+    fn from(c: &AvailabilityChange) -> Self {
+        types::AvailabilityChange {
+            provider: c.provider.into(),
+            causes: c.causes.iter().map(|&c| c.into()).collect(),
+            earliest: c.earliest.into(),
+            detected_at: c.detected_at,
+        }
+    }
+}
+
+impl From<types::Failure> for Failure {
+    fn from(f: types::Failure) -> Self {
+        Failure {
+            category: f.category.into(),
+            provider_code: f.provider_code,
+            http_status: f.http_status,
+            origin: f.origin.into(),
+            retry_after: f.retry_after,
+            message: f.message,
+        }
+    }
+}
+
+impl From<types::RateLimitSnapshot> for RateLimitSnapshot {
+    fn from(s: types::RateLimitSnapshot) -> Self {
+        RateLimitSnapshot {
+            provider: s.provider.into(),
+            status: s.status.into(),
+            kind: s.kind.into(),
+            windows: s
+                .windows
+                .into_iter()
+                .map(|w| LimitWindow {
+                    key: w.key,
+                    label: w.label,
+                    status: w.status.into(),
+                    resets_at: w.resets_at,
+                    utilization: w.utilization,
+                })
+                .collect(),
+            reached_reason: s.reached_reason,
+            observed_at: s.observed_at,
+        }
+    }
+}
+
+impl From<types::QueuedRow> for QueuedRow {
+    fn from(r: types::QueuedRow) -> Self {
+        QueuedRow {
+            id: r.id,
+            thread: r.thread,
+            kind: r.kind.into(),
+            failed_request: r.failed_request,
+            original_request: r.original_request,
+            attempt: r.attempt,
+            send_at: r.send_at,
+            reason: r.reason,
+            created_at: r.created_at,
+            waiting_for_slot: r.waiting_for_slot,
         }
     }
 }

@@ -11,6 +11,10 @@
 //! `component::WitLog`, and the conversions between the WIT and the kit types, with the
 //! bindings of those interfaces for the plugin's own `generate!` to reuse.
 
+#[macro_use]
+mod wire_enum;
+
+pub mod availability;
 pub mod cause;
 pub mod db;
 pub mod format;
@@ -18,6 +22,7 @@ pub mod log;
 pub mod metrics;
 pub mod provider;
 pub mod time;
+pub mod turns;
 
 #[cfg(feature = "component")]
 pub mod component;
@@ -28,3 +33,4 @@ pub use db::{Db, DbError, Row, Rows, Value};
 pub use log::{Level, Log};
 pub use metrics::{Metrics, NoMetrics};
 pub use provider::Provider;
+pub use turns::ThreadsError;

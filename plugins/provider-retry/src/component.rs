@@ -99,14 +99,14 @@ fn to_wit_query(q: &AvailabilityQuery) -> availability::AvailabilityQuery {
 // over 5 s, so these calls have no error of their own.
 impl AvailabilitySource for Host {
     fn query(&self, q: &AvailabilityQuery) -> Result<Availability, String> {
-        Ok(from_wit_availability(availability::query(&to_wit_query(q))))
+        Ok(availability::query(&to_wit_query(q)).into())
     }
 
     fn query_many(&self, queries: &[AvailabilityQuery]) -> Result<Vec<Availability>, String> {
         let queries: Vec<_> = queries.iter().map(to_wit_query).collect();
         Ok(availability::query_many(&queries)
             .into_iter()
-            .map(from_wit_availability)
+            .map(Availability::from)
             .collect())
     }
 }
@@ -154,7 +154,7 @@ impl Threads for Host {
             .collect();
         threads::reschedule_many(&moves)
             .into_iter()
-            .map(|r| r.map(from_wit_row).map_err(from_wit_threads_error))
+            .map(|r| r.map(QueuedRow::from).map_err(from_wit_threads_error))
             .collect()
     }
     fn schedule_retry(
@@ -165,7 +165,7 @@ impl Threads for Host {
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError> {
         threads::schedule_retry(thread, failed_request, send_at, reason)
-            .map(from_wit_row)
+            .map(QueuedRow::from)
             .map_err(from_wit_threads_error)
     }
     fn reschedule(
@@ -176,7 +176,7 @@ impl Threads for Host {
         reason: &str,
     ) -> Result<QueuedRow, ThreadsError> {
         threads::reschedule(thread, row, send_at, reason)
-            .map(from_wit_row)
+            .map(QueuedRow::from)
             .map_err(from_wit_threads_error)
     }
     fn cancel(&self, thread: &str, row: u64, reason: &str) -> Result<(), ThreadsError> {
@@ -184,7 +184,7 @@ impl Threads for Host {
     }
     fn list_rows(&self, thread: Option<&str>) -> Result<Vec<QueuedRow>, ThreadsError> {
         threads::list_rows(thread)
-            .map(|rows| rows.into_iter().map(from_wit_row).collect())
+            .map(|rows| rows.into_iter().map(QueuedRow::from).collect())
             .map_err(from_wit_threads_error)
     }
 }
@@ -200,147 +200,6 @@ fn with_engine<T, E: From<DbError>>(
 }
 
 // ----- WIT ↔ plain conversions --------------------------------------------------------------
-
-fn from_wit_unavailable(r: wit::UnavailableReason) -> UnavailableReason {
-    match r {
-        wit::UnavailableReason::NoEnabledAccount => UnavailableReason::NoEnabledAccount,
-        wit::UnavailableReason::Authentication => UnavailableReason::Authentication,
-        wit::UnavailableReason::ResetUnknown => UnavailableReason::ResetUnknown,
-        wit::UnavailableReason::SourceUnavailable => UnavailableReason::SourceUnavailable,
-    }
-}
-
-fn to_wit_unavailable(r: UnavailableReason) -> wit::UnavailableReason {
-    match r {
-        UnavailableReason::NoEnabledAccount => wit::UnavailableReason::NoEnabledAccount,
-        UnavailableReason::Authentication => wit::UnavailableReason::Authentication,
-        UnavailableReason::ResetUnknown => wit::UnavailableReason::ResetUnknown,
-        UnavailableReason::SourceUnavailable => wit::UnavailableReason::SourceUnavailable,
-    }
-}
-
-fn from_wit_availability(a: wit::Availability) -> Availability {
-    match a {
-        wit::Availability::NotRouted => Availability::NotRouted,
-        wit::Availability::Ready => Availability::Ready,
-        wit::Availability::Blocked(b) => Availability::Blocked {
-            retry_at: b.retry_at,
-            cause: match b.cause {
-                wit::BlockCause::QuotaExhausted => BlockCause::QuotaExhausted,
-                wit::BlockCause::FamilyQuotaExhausted => BlockCause::FamilyQuotaExhausted,
-                wit::BlockCause::Held => BlockCause::Held,
-                wit::BlockCause::UsageRestricted => BlockCause::UsageRestricted,
-            },
-        },
-        wit::Availability::Unavailable(r) => Availability::Unavailable(from_wit_unavailable(r)),
-    }
-}
-
-fn to_wit_availability(a: Availability) -> wit::Availability {
-    match a {
-        Availability::NotRouted => wit::Availability::NotRouted,
-        Availability::Ready => wit::Availability::Ready,
-        Availability::Blocked { retry_at, cause } => wit::Availability::Blocked(wit::Blocked {
-            retry_at,
-            cause: match cause {
-                BlockCause::QuotaExhausted => wit::BlockCause::QuotaExhausted,
-                BlockCause::FamilyQuotaExhausted => wit::BlockCause::FamilyQuotaExhausted,
-                BlockCause::Held => wit::BlockCause::Held,
-                BlockCause::UsageRestricted => wit::BlockCause::UsageRestricted,
-            },
-        }),
-        Availability::Unavailable(r) => wit::Availability::Unavailable(to_wit_unavailable(r)),
-    }
-}
-
-fn from_wit_category(c: wit::FailureCategory) -> FailureCategory {
-    use wit::FailureCategory as W;
-    match c {
-        W::ActiveTurnNotSteerable => FailureCategory::ActiveTurnNotSteerable,
-        W::BadRequest => FailureCategory::BadRequest,
-        W::Billing => FailureCategory::Billing,
-        W::BudgetExceeded => FailureCategory::BudgetExceeded,
-        W::ConnectionFailed => FailureCategory::ConnectionFailed,
-        W::ContextWindowExceeded => FailureCategory::ContextWindowExceeded,
-        W::Internal => FailureCategory::Internal,
-        W::MaxOutputTokens => FailureCategory::MaxOutputTokens,
-        W::MaxTurns => FailureCategory::MaxTurns,
-        W::Overloaded => FailureCategory::Overloaded,
-        W::Policy => FailureCategory::Policy,
-        W::RateLimit => FailureCategory::RateLimit,
-        W::Sandbox => FailureCategory::Sandbox,
-        W::StreamDisconnected => FailureCategory::StreamDisconnected,
-        W::StructuredOutputRetries => FailureCategory::StructuredOutputRetries,
-        W::ThreadRollbackFailed => FailureCategory::ThreadRollbackFailed,
-        W::TooManyFailedAttempts => FailureCategory::TooManyFailedAttempts,
-        W::Unauthorized => FailureCategory::Unauthorized,
-        W::Unknown => FailureCategory::Unknown,
-    }
-}
-
-fn from_wit_limit_status(s: wit::LimitStatus) -> LimitStatus {
-    match s {
-        wit::LimitStatus::Allowed => LimitStatus::Allowed,
-        wit::LimitStatus::Warning => LimitStatus::Warning,
-        wit::LimitStatus::Blocked => LimitStatus::Blocked,
-        wit::LimitStatus::Unknown => LimitStatus::Unknown,
-    }
-}
-
-fn from_wit_failure(f: wit::Failure) -> Failure {
-    Failure {
-        category: from_wit_category(f.category),
-        provider_code: f.provider_code,
-        http_status: f.http_status,
-        origin: match f.origin {
-            wit::FailureOrigin::Provider => FailureOrigin::Provider,
-            wit::FailureOrigin::Pool => FailureOrigin::Pool,
-            wit::FailureOrigin::Transport => FailureOrigin::Transport,
-        },
-        retry_after: f.retry_after,
-        message: f.message,
-    }
-}
-
-fn from_wit_snapshot(s: wit::RateLimitSnapshot) -> RateLimitSnapshot {
-    RateLimitSnapshot {
-        provider: Provider::from(s.provider),
-        status: from_wit_limit_status(s.status),
-        kind: match s.kind {
-            wit::LimitKind::SubscriptionWindow => LimitKind::SubscriptionWindow,
-            wit::LimitKind::Credits => LimitKind::Credits,
-            wit::LimitKind::SpendControl => LimitKind::SpendControl,
-            wit::LimitKind::Unknown => LimitKind::Unknown,
-        },
-        windows: s
-            .windows
-            .into_iter()
-            .map(|w| LimitWindow {
-                key: w.key,
-                label: w.label,
-                status: from_wit_limit_status(w.status),
-                resets_at: w.resets_at,
-                utilization: w.utilization,
-            })
-            .collect(),
-        reached_reason: s.reached_reason,
-        observed_at: s.observed_at,
-    }
-}
-
-fn from_wit_row(r: wit::QueuedRow) -> QueuedRow {
-    QueuedRow {
-        id: r.id,
-        thread: r.thread,
-        failed_request: r.failed_request,
-        original_request: r.original_request,
-        attempt: r.attempt,
-        send_at: r.send_at,
-        reason: r.reason,
-        created_at: r.created_at,
-        waiting_for_slot: r.waiting_for_slot,
-    }
-}
 
 fn from_wit_threads_error(e: threads::ThreadsError) -> ThreadsError {
     use threads::ThreadsError as W;
@@ -392,12 +251,7 @@ fn to_wit_settings_error(e: SettingsError) -> wit_settings::SettingsError {
 
 impl availability_listener::Guest for Component {
     fn availability_changed(change: wit::AvailabilityChange) -> Result<(), wit::PluginError> {
-        let change = AvailabilityChange {
-            provider: Provider::from(change.provider),
-            causes: change.causes.into_iter().map(ChangeCause::from).collect(),
-            earliest: from_wit_availability(change.earliest),
-            detected_at: change.detected_at,
-        };
+        let change = AvailabilityChange::from(change);
         // A failed pass is reported to the host, which delivers the change again; the
         // candidates the pass did finish are committed, and re-evaluating them is idempotent.
         with_engine(|engine| engine.availability_changed(&change))
@@ -419,8 +273,8 @@ impl turn_events::Guest for Component {
             chain_started_at: event.chain_started_at,
             input_accepted: event.input_accepted,
             routed_by_pool: event.routed_by_pool,
-            rate_limits: event.rate_limits.map(from_wit_snapshot),
-            failure: event.failure.map(from_wit_failure),
+            rate_limits: event.rate_limits.map(Into::into),
+            failure: event.failure.map(Into::into),
         };
         with_engine(|engine| engine.turn_failed(&event)).map_err(to_wit_plugin_error)
     }
@@ -450,7 +304,7 @@ impl scheduler::Guest for Component {
     fn before_dispatch(
         row: wit::QueuedRow,
     ) -> Result<scheduler::DispatchVerdict, wit::PluginError> {
-        let row = from_wit_row(row);
+        let row = QueuedRow::from(row);
         with_engine(|engine| engine.before_dispatch(&row))
             .map(|v| match v {
                 DispatchVerdict::Proceed => scheduler::DispatchVerdict::Proceed,

@@ -81,7 +81,7 @@ impl fmt::Display for ScheduleReason {
             ScheduleReason::RetryAfter => f.write_str("rate-limited: retry-after"),
             ScheduleReason::SnapshotReset => f.write_str("rate-limited: window reset"),
             ScheduleReason::RateLimitBackoff => f.write_str("rate-limited: backoff"),
-            ScheduleReason::Temporary(c) => write!(f, "temporary: {}", c.name()),
+            ScheduleReason::Temporary(c) => write!(f, "temporary: {}", c.as_str()),
         }
     }
 }
@@ -98,7 +98,7 @@ impl fmt::Display for WatchReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WatchReason::BeyondMaximumWait => f.write_str("beyond-maximum-wait"),
-            WatchReason::PoolUnavailable(r) => write!(f, "pool-unavailable({})", r.name()),
+            WatchReason::PoolUnavailable(r) => write!(f, "pool-unavailable({})", r.as_str()),
             WatchReason::SourceUnavailable => f.write_str("source-unavailable"),
         }
     }

@@ -261,7 +261,7 @@ pub fn save_chain(db: &impl Db, chain: &Chain) -> Result<i64, DbError> {
         chain.failed_attempt.into(),
         chain.chain_started_at.into(),
         chain.failed_at.into(),
-        chain.category.map(FailureCategory::name).into(),
+        chain.category.map(FailureCategory::as_str).into(),
         chain.http_status.map(u32::from).into(),
         chain.retry_after.into(),
         chain.rate_limited.into(),
@@ -508,7 +508,7 @@ pub fn set_meta_time(db: &impl Db, key: &str, at: Timestamp) -> Result<(), DbErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{BlockCause, UnavailableReason, cause_words};
+    use crate::types::{BlockCause, UnavailableReason};
     use pooler_plugin_kit::NativeDb;
 
     fn chain() -> Chain {
@@ -688,7 +688,7 @@ mod tests {
         assert_eq!(distinct.len(), ChangeCause::ALL.len());
         for c in ChangeCause::ALL {
             assert_eq!(ChangeCause::parse(c.name()), Some(c));
-            assert_eq!(stored_cause(cause_words(c)), Some(c));
+            assert_eq!(stored_cause(c.words()), Some(c));
         }
         assert_eq!(ChangeCause::parse(""), None);
         assert_eq!(ChangeCause::parse("Account-Enabled"), None);

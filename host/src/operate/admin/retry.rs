@@ -243,23 +243,26 @@ fn causes_words(causes: &[ChangeCause]) -> String {
     words.join(", ")
 }
 
-/// One change cause in words.
+/// One change cause in words: the plugins' kit's words, which Provider Retry's history
+/// reads back.
 fn cause_words(c: ChangeCause) -> &'static str {
+    use pooler_plugin_kit::cause::ChangeCause as K;
     match c {
-        ChangeCause::AccountAdded => "account added",
-        ChangeCause::AccountEnabled => "account enabled",
-        ChangeCause::AccountDisabled => "account disabled",
-        ChangeCause::AccountRemoved => "account removed",
-        ChangeCause::ErrorCleared => "account error cleared",
-        ChangeCause::ErrorSet => "account error",
-        ChangeCause::HoldEnded => "hold ended",
-        ChangeCause::ConfigChanged => "pool settings changed",
-        ChangeCause::RoutingChanged => "routing changed",
-        ChangeCause::PriorityChanged => "account priorities changed",
-        ChangeCause::EarlierResetObserved => "earlier reset observed",
-        ChangeCause::LaterResetObserved => "later reset observed",
-        ChangeCause::ResetPassed => "reset passed",
+        ChangeCause::AccountAdded => K::AccountAdded,
+        ChangeCause::AccountEnabled => K::AccountEnabled,
+        ChangeCause::AccountDisabled => K::AccountDisabled,
+        ChangeCause::AccountRemoved => K::AccountRemoved,
+        ChangeCause::ErrorCleared => K::ErrorCleared,
+        ChangeCause::ErrorSet => K::ErrorSet,
+        ChangeCause::HoldEnded => K::HoldEnded,
+        ChangeCause::ConfigChanged => K::ConfigChanged,
+        ChangeCause::RoutingChanged => K::RoutingChanged,
+        ChangeCause::PriorityChanged => K::PriorityChanged,
+        ChangeCause::EarlierResetObserved => K::EarlierResetObserved,
+        ChangeCause::LaterResetObserved => K::LaterResetObserved,
+        ChangeCause::ResetPassed => K::ResetPassed,
     }
+    .words()
 }
 
 pub(super) fn availability_view(a: Availability) -> AvailabilityView {

@@ -3,19 +3,14 @@
 
 use super::Admin;
 use crate::engine::{Cancel, Clock, Log, Random, Upstream};
-use crate::model::{Availability, ChangeCause, Family, Provider};
+use crate::model::{Availability, Family, Provider};
 use crate::policy;
 use crate::store::PendingSignal;
 use pooler_plugin_kit::{Db, DbError};
 
-/// An availability-changed signal ready for delivery.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Change {
-    pub provider: Provider,
-    pub causes: Vec<ChangeCause>,
-    pub earliest: Availability,
-    pub detected_at: u64,
-}
+/// An availability-changed signal ready for delivery: the kit's record, which Provider
+/// Retry receives.
+pub use pooler_plugin_kit::availability::AvailabilityChange as Change;
 
 impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
     Admin<'a, D, U, E>

@@ -2,7 +2,7 @@
 //! the engine, and the conversions of their answers and errors to WIT.
 
 use super::bindings::exports::pooler::plugins::retry_admin as admin;
-use super::{Component, to_wit_availability, with_engine};
+use super::{Component, with_engine};
 use crate::types::{Action, AdminError, Candidate, CandidateState, HistoryEntry, Trigger};
 use pooler_plugin_kit::component::types as wit;
 
@@ -46,7 +46,7 @@ fn to_wit_entry(e: HistoryEntry) -> admin::HistoryEntry {
             Trigger::Person => admin::Trigger::Person,
             Trigger::Dispatch => admin::Trigger::Dispatch,
         },
-        availability: e.availability.map(to_wit_availability),
+        availability: e.availability.map(Into::into),
         action: match e.action {
             Action::Scheduled(t) => admin::Action::Scheduled(t),
             Action::Rescheduled(old, new) => admin::Action::Rescheduled((old, new)),

@@ -17,7 +17,7 @@ use provider_retry::ports::{
 use provider_retry::store;
 use provider_retry::types::{
     Availability, BlockCause, Failure, FailureCategory, FailureOrigin, Provider, QueuedRow,
-    ThreadInfo, ThreadStatus, ThreadsError, TurnFailedEvent, UnavailableReason,
+    RowKind, ThreadInfo, ThreadStatus, ThreadsError, TurnFailedEvent, UnavailableReason,
 };
 
 pub const T: u64 = 1_792_756_800_000; // 2026-10-23T12:00:00Z
@@ -344,6 +344,7 @@ impl Threads for FakeCore {
         let row = QueuedRow {
             id,
             thread: thread.to_owned(),
+            kind: RowKind::Retry,
             failed_request: failed_request.to_owned(),
             original_request: req.original,
             attempt: req.attempt + 1,
