@@ -5,20 +5,15 @@
 //! account, which is why plugins prefer the pool's availability when a thread is routed.
 //! A reset further ahead than [`RESET_HORIZON_MS`] is unknown.
 
-use std::collections::BTreeMap;
-
 use hyper::HeaderMap;
 
 use crate::model::{LimitKind, LimitStatus, LimitWindow, Provider, RateLimitSnapshot, Timestamp};
 
-const CLAUDE_PREFIX: &str = "anthropic-ratelimit-unified-";
-
 /// How far ahead a reset or a `Retry-After` is believed: the plugins' horizon, one
 /// definition. A time beyond it (a date in year 9999) is unknown.
 pub use pooler_plugin_kit::time::RESET_HORIZON_MS;
-// The latest time a snapshot states (an absurd `reset-after-seconds: 1e300` gives it, never
-// a time wrapped into the past), and the horizon check, both the plugins'.
-use pooler_plugin_kit::time::{FAR_FUTURE_MS, within_horizon};
+
+use pooler_plugin_kit::ratelimit::{self, HeaderSource};
 
 /// The snapshot the headers describe, or `None` when they carry no rate-limit state.
 pub fn snapshot_from_headers(
@@ -26,17 +21,23 @@ pub fn snapshot_from_headers(
     headers: &HeaderMap,
     now: Timestamp,
 ) -> Option<RateLimitSnapshot> {
+    let headers = Hyper(headers);
     match provider {
-        Provider::Claude => claude_snapshot(headers, now),
-        Provider::Codex => codex_snapshot(headers, now),
+        Provider::Claude => claude_snapshot(&headers, now),
+        Provider::Codex => codex_snapshot(&headers, now),
     }
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
+/// A hyper header map as the kit's reading of rate-limit headers takes it.
+struct Hyper<'a>(&'a HeaderMap);
+
+impl HeaderSource for Hyper<'_> {
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(|k| k.as_str())
+    }
+    fn value(&self, name: &str) -> Option<&str> {
+        self.0.get(name).and_then(|v| v.to_str().ok())
+    }
 }
 
 fn claude_status(text: &str) -> LimitStatus {
@@ -60,63 +61,28 @@ fn worst(statuses: impl Iterator<Item = LimitStatus>) -> LimitStatus {
         .unwrap_or(LimitStatus::Unknown)
 }
 
-fn epoch_seconds_to_ms(text: &str) -> Option<Timestamp> {
-    let s: f64 = text.parse().ok()?;
-    // `as` saturates a float too large for the integer; the cap keeps it storable.
-    (s.is_finite() && s >= 0.0).then_some(((s * 1000.0) as Timestamp).min(FAR_FUTURE_MS))
-}
-
-fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapshot> {
-    // Window keys (`5h`, `7d`, `7d_opus`, …) from `<prefix><key>-<field>` header names.
-    let mut windows: BTreeMap<String, LimitWindow> = BTreeMap::new();
-    for name in headers.keys() {
-        let Some(rest) = name.as_str().strip_prefix(CLAUDE_PREFIX) else {
-            continue;
-        };
-        let Some((key, field)) = rest.rsplit_once('-') else {
-            continue;
-        };
-        // `overage-status` and friends describe extra usage, not a window.
-        if !matches!(field, "status" | "reset" | "utilization")
-            || key == "overage"
-            || key.contains('-')
-        {
-            continue;
-        }
-        let value = header(headers, name.as_str()).unwrap_or_default();
-        let window = windows
-            .entry(key.to_string())
-            .or_insert_with(|| LimitWindow {
-                key: Some(key.to_string()),
-                label: None,
-                status: LimitStatus::Unknown,
-                resets_at: None,
-                utilization: None,
-            });
-        match field {
-            "status" => window.status = claude_status(value),
-            "reset" => {
-                window.resets_at = epoch_seconds_to_ms(value).and_then(|at| within_horizon(at, now))
-            }
-            // `NaN` parses as a float; a utilization is a number or nothing.
-            _ => {
-                window.utilization = value
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|u| !u.is_nan())
-                    .map(|u| u.clamp(0.0, 1.0))
-            }
-        }
-    }
-    let overall = header(headers, &format!("{CLAUDE_PREFIX}status")).map(claude_status);
-    if windows.is_empty() && overall.is_none() {
+fn claude_snapshot(headers: &Hyper<'_>, now: Timestamp) -> Option<RateLimitSnapshot> {
+    let read = ratelimit::claude_headers(headers, now);
+    let overall = read.status.map(claude_status);
+    if read.windows.is_empty() && overall.is_none() {
         return None;
     }
-    let mut status = overall.unwrap_or_else(|| worst(windows.values().map(|w| w.status)));
+    let mut windows: Vec<LimitWindow> = read
+        .windows
+        .iter()
+        .map(|w| LimitWindow {
+            key: Some(w.key.to_string()),
+            label: None,
+            status: w.status.map_or(LimitStatus::Unknown, claude_status),
+            resets_at: w.resets_at,
+            utilization: w.utilization,
+        })
+        .collect();
+    let mut status = overall.unwrap_or_else(|| worst(windows.iter().map(|w| w.status)));
     let mut kind = LimitKind::SubscriptionWindow;
     // Extra usage (overage) keeps serving past a rejected window: not a hard block then.
     if status == LimitStatus::Blocked {
-        match header(headers, &format!("{CLAUDE_PREFIX}overage-status")) {
+        match read.overage_status {
             Some("allowed") => {
                 status = LimitStatus::Allowed;
                 kind = LimitKind::Credits;
@@ -129,15 +95,17 @@ fn claude_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnaps
         }
     }
     let reached_reason = (status == LimitStatus::Blocked)
-        .then(|| header(headers, &format!("{CLAUDE_PREFIX}representative-claim")))
+        .then_some(read.representative_claim)
         .flatten()
         .map(str::to_string);
-    let mut windows: Vec<LimitWindow> = windows.into_values().collect();
-    // Short windows first, as people read them.
-    windows.sort_by_key(|w| match w.key.as_deref() {
-        Some("5h") => 0,
-        Some("7d") => 1,
-        _ => 2,
+    // Short windows first, as people read them; the rest by key.
+    windows.sort_by(|a, b| {
+        let rank = |w: &LimitWindow| match w.key.as_deref() {
+            Some("5h") => 0,
+            Some("7d") => 1,
+            _ => 2,
+        };
+        (rank(a), &a.key).cmp(&(rank(b), &b.key))
     });
     Some(RateLimitSnapshot {
         provider: Provider::Claude,
@@ -159,46 +127,26 @@ fn window_label(minutes: u64) -> String {
     }
 }
 
-fn codex_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapshot> {
-    let mut windows = Vec::new();
-    for slot in ["primary", "secondary"] {
-        let field = |f: &str| header(headers, &format!("x-codex-{slot}-{f}"));
-        let used = field("used-percent")
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|u| !u.is_nan());
-        let minutes = field("window-minutes").and_then(|v| v.parse::<u64>().ok());
-        let resets_at = field("reset-at")
-            .and_then(epoch_seconds_to_ms)
-            .or_else(|| {
-                field("reset-after-seconds")
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .filter(|s| s.is_finite() && *s >= 0.0)
-                    .map(|s| {
-                        now.saturating_add((s * 1000.0) as Timestamp)
-                            .min(FAR_FUTURE_MS)
-                    })
-            })
-            .and_then(|at| within_horizon(at, now));
-        let over_limit = field("over-limit").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        if used.is_none() && minutes.is_none() && resets_at.is_none() && !over_limit {
-            continue;
-        }
-        let utilization = used.map(|u| (u / 100.0).clamp(0.0, 1.0));
-        let status = if over_limit || utilization.is_some_and(|u| u >= 1.0) {
-            LimitStatus::Blocked
-        } else if utilization.is_some() {
-            LimitStatus::Allowed
-        } else {
-            LimitStatus::Unknown
-        };
-        windows.push(LimitWindow {
-            key: Some(slot.to_string()),
-            label: minutes.map(window_label),
-            status,
-            resets_at,
-            utilization,
-        });
-    }
+fn codex_snapshot(headers: &Hyper<'_>, now: Timestamp) -> Option<RateLimitSnapshot> {
+    let windows: Vec<LimitWindow> = ratelimit::codex_windows(headers, now)
+        .into_iter()
+        .map(|w| {
+            let status = if w.over_limit == Some(true) || w.utilization.is_some_and(|u| u >= 1.0) {
+                LimitStatus::Blocked
+            } else if w.utilization.is_some() {
+                LimitStatus::Allowed
+            } else {
+                LimitStatus::Unknown
+            };
+            LimitWindow {
+                key: Some(w.slot.to_string()),
+                label: w.minutes.map(window_label),
+                status,
+                resets_at: w.resets_at,
+                utilization: w.utilization,
+            }
+        })
+        .collect();
     if windows.is_empty() {
         return None;
     }
@@ -217,6 +165,8 @@ fn codex_snapshot(headers: &HeaderMap, now: Timestamp) -> Option<RateLimitSnapsh
 mod tests {
     use super::*;
     use hyper::header::{HeaderName, HeaderValue};
+    use pooler_plugin_kit::ratelimit::CLAUDE_PREFIX;
+    use pooler_plugin_kit::time::FAR_FUTURE_MS;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -66,6 +66,16 @@ impl Headers {
     }
 }
 
+/// The rate-limit headers are read by the kit, from these.
+impl pooler_plugin_kit::ratelimit::HeaderSource for Headers {
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(n, _)| n.as_str())
+    }
+    fn value(&self, name: &str) -> Option<&str> {
+        self.get(name)
+    }
+}
+
 impl<const N: usize> From<[(&str, &str); N]> for Headers {
     fn from(pairs: [(&str, &str); N]) -> Self {
         let mut h = Headers::new();

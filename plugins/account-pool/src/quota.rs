@@ -9,37 +9,16 @@
 
 use crate::http::Headers;
 use crate::model::Family;
-use pooler_plugin_kit::time::{
-    FAR_FUTURE_MS, RESET_HORIZON_MS, RetryAfter, after, parse_http_date, secs_text_to_ms,
-    secs_to_ms, within_horizon,
-};
+use pooler_plugin_kit::ratelimit;
+use pooler_plugin_kit::time::{RESET_HORIZON_MS, RetryAfter, after, secs_to_ms, within_horizon};
 use serde_json::Value;
 
 /// What a `Retry-After` means when it is missing or unreadable.
 pub const DEFAULT_RETRY_AFTER_MS: u64 = 1_000;
 
-/// A numeric reset below this is in seconds; at or above, in milliseconds.
-const SECONDS_LIMIT: f64 = 1e12;
-
-/// Parse an absolute reset: a number (seconds below 10¹², else milliseconds) or an HTTP
-/// date / RFC 3339 time. A reset beyond the far future is the far future
-/// ([`FAR_FUTURE_MS`]).
-pub fn parse_reset(s: &str) -> Option<u64> {
-    let s = s.trim();
-    if let Ok(n) = s.parse::<f64>() {
-        if !n.is_finite() || n < 0.0 {
-            return None;
-        }
-        // `as` saturates a float too large for u64; the cap keeps it storable.
-        let ms = if n < SECONDS_LIMIT {
-            (n * 1000.0).round() as u64
-        } else {
-            n as u64
-        };
-        return Some(ms.min(FAR_FUTURE_MS));
-    }
-    parse_http_date(s)
-}
+/// An absolute reset: a number (seconds below 10¹², else milliseconds) or an HTTP date; the
+/// kit's reading, which the core's snapshots share.
+pub use pooler_plugin_kit::ratelimit::parse_reset;
 
 /// `Retry-After` as a delay in milliseconds: numeric seconds (fractions rounded up to the
 /// millisecond) or an HTTP date minus `now`. Missing, invalid or past the horizon: 1 s.
@@ -370,51 +349,27 @@ impl Observation {
     }
 }
 
-const CLAUDE_PREFIX: &str = "anthropic-ratelimit-unified-";
-
-/// Parse Claude's `anthropic-ratelimit-unified-*` headers: `5h-` and `7d-`
-/// `utilization|reset|status`, every scoped `7d_<bucket>-…` filed under the family its
-/// bucket name names, `overage-status` and `representative-claim`.
+/// Parse Claude's `anthropic-ratelimit-unified-*` headers (read by the kit, as the core
+/// reads them): the `5h` and `7d` windows, every scoped `7d_<bucket>` filed under the family
+/// its bucket name names, `overage-status` and `representative-claim`.
 pub fn parse_claude_headers(headers: &Headers, now: u64) -> Observation {
+    let read = ratelimit::claude_headers(headers, now);
     let mut obs = Observation::default();
-    let mut names: Vec<String> = Vec::new();
-    for (name, _) in headers.iter() {
-        let Some(rest) = name.strip_prefix(CLAUDE_PREFIX) else {
+    for w in read.windows {
+        if !(w.key == "5h" || w.key == "7d" || w.key.starts_with("7d_")) {
             continue;
-        };
-        for suffix in ["-utilization", "-reset", "-status"] {
-            if let Some(window) = rest.strip_suffix(suffix)
-                && (window == "5h" || window == "7d" || window.starts_with("7d_"))
-                && !names.iter().any(|n| n == window)
-            {
-                names.push(window.to_owned());
-            }
         }
-    }
-    for name in names {
-        let get = |field: &str| headers.get(&format!("{CLAUDE_PREFIX}{name}-{field}"));
-        let utilization = get("utilization")
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|u| u.is_finite())
-            .map(|u| u.clamp(0.0, 1.0));
-        let family = name.strip_prefix("7d_").map(Family::of);
         obs.windows.push(Window {
-            family,
-            utilization,
-            resets_at: get("reset")
-                .and_then(parse_reset)
-                .and_then(|at| within_horizon(at, now)),
-            status: get("status").map(|s| s.trim().to_ascii_lowercase()),
+            name: w.key.to_owned(),
+            family: w.key.strip_prefix("7d_").map(Family::of),
+            utilization: w.utilization,
+            resets_at: w.resets_at,
+            status: w.status.map(str::to_ascii_lowercase),
             observed_at: now,
-            name,
         });
     }
-    obs.overage = headers
-        .get(&format!("{CLAUDE_PREFIX}overage-status"))
-        .map(|s| s.trim().to_ascii_lowercase());
-    obs.representative_claim = headers
-        .get(&format!("{CLAUDE_PREFIX}representative-claim"))
-        .map(|s| s.trim().to_owned());
+    obs.overage = read.overage_status.map(str::to_ascii_lowercase);
+    obs.representative_claim = read.representative_claim.map(str::to_owned);
     obs
 }
 
@@ -433,30 +388,17 @@ const CODEX_HARD_STOPS: [&str; 5] = [
 /// `x-codex-rate-limit-reached-type` (unknown limit types are ignored).
 pub fn parse_codex_headers(headers: &Headers, now: u64) -> Observation {
     let mut obs = Observation::default();
-    for slot in ["primary", "secondary"] {
-        let get = |field: &str| headers.get(&format!("x-codex-{slot}-{field}"));
-        let used = get("used-percent")
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|u| u.is_finite())
-            .map(|u| (u / 100.0).clamp(0.0, 1.0));
-        let reset = get("reset-at")
-            .and_then(parse_reset)
-            .or_else(|| {
-                get("reset-after-seconds")
-                    .and_then(secs_text_to_ms)
-                    .map(|ms| after(now, ms))
-            })
-            .and_then(|at| within_horizon(at, now));
-        let over = get("over-limit").map(|v| v.trim().eq_ignore_ascii_case("true"));
-        if used.is_none() && reset.is_none() && over.is_none() {
+    for w in ratelimit::codex_windows(headers, now) {
+        // A window's length alone says nothing the pool routes by.
+        if w.utilization.is_none() && w.resets_at.is_none() && w.over_limit.is_none() {
             continue;
         }
-        let rejected = over == Some(true) || used.is_some_and(|u| u >= 1.0);
+        let rejected = w.over_limit == Some(true) || w.utilization.is_some_and(|u| u >= 1.0);
         obs.windows.push(Window {
-            name: slot.to_owned(),
+            name: w.slot.to_owned(),
             family: None,
-            utilization: used,
-            resets_at: reset,
+            utilization: w.utilization,
+            resets_at: w.resets_at,
             status: Some(if rejected { "rejected" } else { "allowed" }.to_owned()),
             observed_at: now,
         });
@@ -625,6 +567,8 @@ fn parse_rfc3339(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pooler_plugin_kit::ratelimit::CLAUDE_PREFIX;
+    use pooler_plugin_kit::time::parse_http_date;
 
     const NOW: u64 = 1_700_000_000_000;
 

@@ -21,6 +21,7 @@ pub mod format;
 pub mod log;
 pub mod metrics;
 pub mod provider;
+pub mod ratelimit;
 pub mod time;
 pub mod turns;
 
