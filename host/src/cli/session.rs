@@ -112,7 +112,7 @@ fn explain(s: &SessionView, now: u64) -> String {
                     relative(a.at, now),
                     a.account.clone(),
                     a.status.map_or_else(|| "-".to_owned(), |c| c.to_string()),
-                    a.outcome.clone(),
+                    a.outcome.to_string(),
                 ]
             })
             .collect();

@@ -97,18 +97,79 @@ impl Log for WasiEnv {
 
 // ---- type adapters ----------------------------------------------------------------------
 
-fn attempt_outcome_out(o: AttemptOutcome) -> routing::AttemptOutcome {
-    use routing::AttemptOutcome as W;
-    match o {
-        AttemptOutcome::Served => W::Served,
-        AttemptOutcome::Detour => W::Detour,
-        AttemptOutcome::PassedThrough => W::PassedThrough,
-        AttemptOutcome::Transient => W::Transient,
-        AttemptOutcome::Hold => W::Hold,
-        AttemptOutcome::Quota => W::Quota,
-        AttemptOutcome::Family => W::Family,
-        AttemptOutcome::Auth => W::Auth,
-        AttemptOutcome::Cancelled => W::Cancelled,
+impl From<admin::AttemptRecord> for routing::AttemptRecord {
+    fn from(r: admin::AttemptRecord) -> Self {
+        use routing::AttemptOutcome as W;
+        routing::AttemptRecord {
+            at: r.at,
+            account: r.account,
+            status: r.status,
+            outcome: match r.outcome {
+                AttemptOutcome::Served => W::Served,
+                AttemptOutcome::Detour => W::Detour,
+                AttemptOutcome::PassedThrough => W::PassedThrough,
+                AttemptOutcome::Transient => W::Transient,
+                AttemptOutcome::Hold => W::Hold,
+                AttemptOutcome::Quota => W::Quota,
+                AttemptOutcome::Family => W::Family,
+                AttemptOutcome::Auth => W::Auth,
+                AttemptOutcome::Cancelled => W::Cancelled,
+            },
+        }
+    }
+}
+
+impl From<admin::Route> for routing::Route {
+    fn from(r: admin::Route) -> Self {
+        routing::Route {
+            thread: r.thread,
+            provider: r.provider.into(),
+            base_url: r.base_url,
+            token: r.token,
+            env: r.env.into_iter().map(|v| (v.name, v.value)).collect(),
+            args: r.args,
+            config_lines: r.config_lines,
+            opened_at: r.opened_at,
+        }
+    }
+}
+
+impl From<admin::RouteSummary> for routing::RouteSummary {
+    fn from(r: admin::RouteSummary) -> Self {
+        routing::RouteSummary {
+            thread: r.thread,
+            provider: r.provider.into(),
+            opened_at: r.opened_at,
+        }
+    }
+}
+
+impl From<admin::SessionSummary> for routing::SessionSummary {
+    fn from(s: admin::SessionSummary) -> Self {
+        routing::SessionSummary {
+            provider: s.provider.into(),
+            key: s.key,
+            account: s.account,
+            thread: s.thread,
+            last_used_at: s.last_used_at,
+            expires_at: s.expires_at,
+            provisional: s.provisional,
+        }
+    }
+}
+
+impl From<admin::SessionExplanation> for routing::SessionExplanation {
+    fn from(e: admin::SessionExplanation) -> Self {
+        routing::SessionExplanation {
+            provider: e.provider.into(),
+            key: e.key,
+            account: e.account,
+            thread: e.thread,
+            last_used_at: e.last_used_at,
+            expires_at: e.expires_at,
+            why: e.why,
+            recent: e.recent.into_iter().map(Into::into).collect(),
+        }
     }
 }
 
@@ -239,19 +300,9 @@ impl routing::Guest for Component {
         endpoint: String,
     ) -> Result<routing::Route, routing::RoutingError> {
         with_admin(routing::RoutingError::Storage, |a| {
-            let r = a
-                .open_route(&thread, Provider::from(provider), &endpoint)
-                .map_err(routing_error)?;
-            Ok(routing::Route {
-                thread: r.thread,
-                provider: types::Provider::from(r.provider),
-                base_url: r.base_url,
-                token: r.token,
-                env: r.env,
-                args: r.args,
-                config_lines: r.config_lines,
-                opened_at: r.opened_at,
-            })
+            a.open_route(&thread, Provider::from(provider), &endpoint)
+                .map(Into::into)
+                .map_err(routing_error)
         })
     }
 
@@ -280,14 +331,7 @@ impl routing::Guest for Component {
             let routes = a
                 .list_routes(provider.map(Provider::from))
                 .map_err(routing_error)?;
-            Ok(routes
-                .into_iter()
-                .map(|r| routing::RouteSummary {
-                    thread: r.thread,
-                    provider: types::Provider::from(r.provider),
-                    opened_at: r.opened_at,
-                })
-                .collect())
+            Ok(routes.into_iter().map(Into::into).collect())
         })
     }
 
@@ -299,18 +343,7 @@ impl routing::Guest for Component {
             let sessions = a
                 .list_sessions(thread.as_deref(), provider.map(Provider::from))
                 .map_err(routing_error)?;
-            Ok(sessions
-                .into_iter()
-                .map(|s| routing::SessionSummary {
-                    provider: types::Provider::from(s.provider),
-                    key: s.key,
-                    account: s.account,
-                    thread: s.thread,
-                    last_used_at: s.last_used_at,
-                    expires_at: s.expires_at,
-                    provisional: s.provisional,
-                })
-                .collect())
+            Ok(sessions.into_iter().map(Into::into).collect())
         })
     }
 
@@ -319,28 +352,9 @@ impl routing::Guest for Component {
         session: String,
     ) -> Result<routing::SessionExplanation, routing::RoutingError> {
         with_admin(routing::RoutingError::Storage, |a| {
-            let e = a
-                .explain_session(Provider::from(provider), &session)
-                .map_err(routing_error)?;
-            Ok(routing::SessionExplanation {
-                provider: types::Provider::from(e.provider),
-                key: e.key,
-                account: e.account,
-                thread: e.thread,
-                last_used_at: e.last_used_at,
-                expires_at: e.expires_at,
-                why: e.why,
-                recent: e
-                    .recent
-                    .into_iter()
-                    .map(|r| routing::AttemptRecord {
-                        at: r.at,
-                        account: r.account,
-                        status: r.status,
-                        outcome: attempt_outcome_out(r.outcome),
-                    })
-                    .collect(),
-            })
+            a.explain_session(Provider::from(provider), &session)
+                .map(Into::into)
+                .map_err(routing_error)
         })
     }
 }

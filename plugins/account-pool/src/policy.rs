@@ -539,69 +539,10 @@ pub fn billing_refusal(status: u16, body: &[u8]) -> bool {
     }
 }
 
-/// What happened to one account in one request, for the commit rule and diagnostics (the
-/// WIT `routing.attempt-outcome`, whose docs say what each case means). The `attempts`
-/// table stores [`AttemptOutcome::as_str`]; [`AttemptOutcome::parse`] reads it back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    /// Served, and the session is pinned on it.
-    Served,
-    /// Served while the session stays pinned elsewhere (the commit rule kept the pin).
-    Detour,
-    /// Failed transiently (after its same-account retries): a detour.
-    Transient,
-    /// Held (429 or refused fresh token): a detour.
-    Hold,
-    /// A shared quota window refused it: lasting.
-    Quota,
-    /// The requested family's window refused it: a detour.
-    Family,
-    /// Its credential was refused for good: lasting.
-    Auth,
-    /// Its answer was returned to the client as is.
-    PassedThrough,
-    /// The client went away during the attempt (or the wait before it).
-    Cancelled,
-}
-
-impl AttemptOutcome {
-    pub fn is_lasting(self) -> bool {
-        matches!(self, AttemptOutcome::Quota | AttemptOutcome::Auth)
-    }
-
-    /// Every outcome, in the WIT's order.
-    pub const ALL: [AttemptOutcome; 9] = [
-        AttemptOutcome::Served,
-        AttemptOutcome::Detour,
-        AttemptOutcome::PassedThrough,
-        AttemptOutcome::Transient,
-        AttemptOutcome::Hold,
-        AttemptOutcome::Quota,
-        AttemptOutcome::Family,
-        AttemptOutcome::Auth,
-        AttemptOutcome::Cancelled,
-    ];
-
-    /// The outcome's stable word, as stored and as the WIT case is named.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptOutcome::Served => "served",
-            AttemptOutcome::Detour => "detour",
-            AttemptOutcome::Transient => "transient",
-            AttemptOutcome::Hold => "hold",
-            AttemptOutcome::Quota => "quota",
-            AttemptOutcome::Family => "family",
-            AttemptOutcome::Auth => "auth",
-            AttemptOutcome::PassedThrough => "passed-through",
-            AttemptOutcome::Cancelled => "cancelled",
-        }
-    }
-
-    /// The outcome a stored word names; None for any other text.
-    pub fn parse(word: &str) -> Option<AttemptOutcome> {
-        Self::ALL.into_iter().find(|o| o.as_str() == word)
-    }
-}
+/// What happened to one account in one request, for the commit rule and diagnostics: the
+/// kit's, which the admin API shows. The `attempts` table stores [`AttemptOutcome::as_str`];
+/// [`AttemptOutcome::parse`] reads it back.
+pub use pooler_plugin_kit::admin::AttemptOutcome;
 
 /// The pin a request saw when it started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1498,7 +1439,7 @@ mod tests {
                 "cancelled"
             ]
         );
-        for o in AttemptOutcome::ALL {
+        for &o in AttemptOutcome::ALL {
             assert_eq!(AttemptOutcome::parse(o.as_str()), Some(o));
         }
         for other in ["", "Served", "detoured", "served ", "passed through"] {

@@ -14,6 +14,7 @@
 #[macro_use]
 mod wire_enum;
 
+pub mod admin;
 pub mod availability;
 pub mod cause;
 pub mod db;

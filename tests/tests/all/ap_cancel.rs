@@ -119,7 +119,7 @@ async fn a_client_gone_during_the_backoff_after_a_503_stops_the_request() {
     );
     let explained = pool.explain("S").await.unwrap();
     let latest = explained.recent.last().expect("attempts recorded");
-    assert_eq!(latest.outcome, "cancelled");
+    assert_eq!(latest.outcome.as_str(), "cancelled");
     assert_eq!(latest.status, Some(503));
     assert_eq!(latest.account, pool.id("A"));
     assert_eq!(

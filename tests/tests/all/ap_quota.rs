@@ -102,7 +102,7 @@ async fn ap6_a_family_limit_detours_that_family_only() {
         Some(pool.id("A")),
         "a family limit is a detour"
     );
-    assert_eq!(explained.recent.last().unwrap().outcome, "detour");
+    assert_eq!(explained.recent.last().unwrap().outcome.as_str(), "detour");
 
     // Opus now skips A without asking it; Sonnet still goes to A.
     assert_eq!(pool.send(pool.messages_for("S", OPUS)).await.status, 200);

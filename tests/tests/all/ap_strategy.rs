@@ -238,7 +238,7 @@ async fn a_request_over_an_accounts_in_flight_limit_detours() {
     assert_eq!(pool.seen(), ["A", "A", "B"]);
     assert_eq!(pool.pinned("S").await.as_deref(), Some("A"));
     let explained = pool.explain("S").await.unwrap();
-    assert_eq!(explained.recent.last().unwrap().outcome, "detour");
+    assert_eq!(explained.recent.last().unwrap().outcome.as_str(), "detour");
     gate.open();
     assert_eq!(first.await.unwrap().unwrap().body, "first");
     assert_eq!(pool.send(pool.messages("S")).await.status, 200);

@@ -26,68 +26,11 @@
 //! Codex CLI `auth.json`. No answer ever holds a secret: an account shows a `secret_hint`.
 
 use super::{Admin, AdminRequest, ApiError, Fields, Reply};
-use crate::operate::wire::{AccountView, ProviderName, WindowView};
+use crate::operate::wire::{AccountView, ProviderName};
 use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{
-    AccountInfo, AccountOptions, AccountStatus, AccountsError, Credential, CredentialKind,
-    ExtraUsage, NewAccount, OauthCredential, OptionsChange, UsageWindow,
+    AccountInfo, AccountOptions, AccountsError, Credential, ExtraUsage, NewAccount,
+    OauthCredential, OptionsChange,
 };
-
-impl From<AccountInfo> for AccountView {
-    fn from(a: AccountInfo) -> Self {
-        AccountView {
-            id: a.id,
-            provider: a.provider.into(),
-            kind: match a.kind {
-                CredentialKind::ApiKey => "api-key",
-                CredentialKind::Oauth => "oauth",
-            }
-            .to_owned(),
-            label: a.label,
-            priority: a.priority,
-            enabled: a.enabled,
-            status: match a.status {
-                AccountStatus::Disabled => "disabled",
-                AccountStatus::Error => "error",
-                AccountStatus::Held => "held",
-                AccountStatus::Exhausted => "exhausted",
-                AccountStatus::NearLimit => "near-limit",
-                AccountStatus::Ready => "ready",
-            }
-            .to_owned(),
-            secret_hint: a.secret_hint,
-            created_at: a.created_at,
-            last_used_at: a.last_used_at,
-            error: a.error,
-            held_until: a.held_until,
-            needs_sign_in: a.needs_sign_in,
-            token_expires_at: a.token_expires_at,
-            windows: a.windows.into_iter().map(WindowView::from).collect(),
-            blocking_reset: a.blocking_reset,
-            last_resort: a.options.last_resort,
-            extra_usage: match a.options.extra_usage {
-                ExtraUsage::Allow => "allow",
-                ExtraUsage::Deny => "deny",
-            }
-            .to_owned(),
-            max_in_flight: a.options.max_in_flight,
-            preserve: a.options.preserve,
-        }
-    }
-}
-
-impl From<UsageWindow> for WindowView {
-    fn from(w: UsageWindow) -> Self {
-        WindowView {
-            name: w.name,
-            family: w.family,
-            utilization: w.utilization,
-            resets_at: w.resets_at,
-            status: w.status,
-            blocking: w.blocking,
-            observed_at: w.observed_at,
-        }
-    }
-}
 
 /// What the pool's `accounts-error` means for a person, with its HTTP status.
 pub(super) fn refused(e: AccountsError) -> ApiError {

@@ -78,6 +78,7 @@ areas! {
     "timeline" => timeline,
 }
 
+mod convert;
 mod fields;
 pub use fields::Fields;
 mod scrape;
@@ -371,24 +372,6 @@ impl AdminRequest {
     /// `METHOD /_pooler/…`, for messages.
     fn describe(&self) -> String {
         format!("{} {ADMIN_PREFIX}{}", self.method, self.segments.join("/"))
-    }
-}
-
-impl From<Provider> for ProviderName {
-    fn from(p: Provider) -> Self {
-        match p {
-            Provider::Claude => ProviderName::Claude,
-            Provider::Codex => ProviderName::Codex,
-        }
-    }
-}
-
-impl From<ProviderName> for Provider {
-    fn from(p: ProviderName) -> Self {
-        match p {
-            ProviderName::Claude => Provider::Claude,
-            ProviderName::Codex => Provider::Codex,
-        }
     }
 }
 

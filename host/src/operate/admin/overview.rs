@@ -140,7 +140,7 @@ pub(super) async fn overview(admin: &Admin, utc_offset_s: i32) -> Overview {
     {
         Ok(candidates) => candidates
             .into_iter()
-            .map(super::retry::candidate_view)
+            .map(super::convert::candidate_view)
             .collect(),
         Err(e) => {
             problems.push(problem("retries", e.message));
@@ -207,7 +207,7 @@ pub(super) async fn overview(admin: &Admin, utc_offset_s: i32) -> Overview {
             .query_availability_many("admin", queries)
             .await;
         for ((_, thread), answer) in threads.iter_mut().zip(answers) {
-            thread.availability = Some(super::retry::availability_view(answer));
+            thread.availability = Some(super::convert::availability_view(answer));
         }
     }
 

@@ -12,40 +12,11 @@
 //! opened_at}`. The token is the agent's secret: it is only ever in the answer to `POST`.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::operate::wire::{EnvVar, ProviderName, RouteSummaryView, RouteView};
+use crate::operate::wire::{ProviderName, RouteSummaryView, RouteView};
 use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{
-    Route, RouteSummary, RoutingError,
+    RoutingError,
 };
 use crate::runtime::bindings::types::Provider;
-
-impl From<RouteSummary> for RouteSummaryView {
-    fn from(r: RouteSummary) -> Self {
-        RouteSummaryView {
-            thread: r.thread,
-            provider: r.provider.into(),
-            opened_at: r.opened_at,
-        }
-    }
-}
-
-impl From<Route> for RouteView {
-    fn from(r: Route) -> Self {
-        RouteView {
-            thread: r.thread,
-            provider: r.provider.into(),
-            base_url: r.base_url,
-            token: r.token,
-            env: r
-                .env
-                .into_iter()
-                .map(|(name, value)| EnvVar { name, value })
-                .collect(),
-            args: r.args,
-            config_lines: r.config_lines,
-            opened_at: r.opened_at,
-        }
-    }
-}
 
 /// What the pool's `routing-error` means for a person (shared with `sessions`).
 pub(super) fn refused(e: RoutingError, thread: &str, provider: Provider) -> ApiError {

@@ -10,66 +10,8 @@
 //! percent-encoded. A session with no pin is not an error: `account` is null and `why` says so.
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::operate::wire::{AttemptView, SessionSummaryView, SessionView};
-use crate::runtime::bindings::pool::exports::pooler::plugins::routing::{
-    AttemptOutcome, AttemptRecord, SessionExplanation, SessionSummary,
-};
+use crate::operate::wire::{SessionSummaryView, SessionView};
 use crate::runtime::bindings::types::Provider;
-
-impl From<SessionSummary> for SessionSummaryView {
-    fn from(s: SessionSummary) -> Self {
-        SessionSummaryView {
-            provider: s.provider.into(),
-            key: s.key,
-            account: s.account,
-            thread: s.thread,
-            last_used_at: s.last_used_at,
-            expires_at: s.expires_at,
-            provisional: s.provisional,
-        }
-    }
-}
-
-impl From<SessionExplanation> for SessionView {
-    fn from(s: SessionExplanation) -> Self {
-        SessionView {
-            provider: s.provider.into(),
-            key: s.key,
-            account: s.account,
-            thread: s.thread,
-            last_used_at: s.last_used_at,
-            expires_at: s.expires_at,
-            why: s.why,
-            recent: s.recent.into_iter().map(AttemptView::from).collect(),
-        }
-    }
-}
-
-impl From<AttemptRecord> for AttemptView {
-    fn from(a: AttemptRecord) -> Self {
-        AttemptView {
-            at: a.at,
-            account: a.account,
-            status: a.status,
-            outcome: outcome_word(a.outcome).to_owned(),
-        }
-    }
-}
-
-/// The outcome as the admin API and the CLI show it: the WIT case's name.
-fn outcome_word(o: AttemptOutcome) -> &'static str {
-    match o {
-        AttemptOutcome::Served => "served",
-        AttemptOutcome::Detour => "detour",
-        AttemptOutcome::PassedThrough => "passed-through",
-        AttemptOutcome::Transient => "transient",
-        AttemptOutcome::Hold => "hold",
-        AttemptOutcome::Quota => "quota",
-        AttemptOutcome::Family => "family",
-        AttemptOutcome::Auth => "auth",
-        AttemptOutcome::Cancelled => "cancelled",
-    }
-}
 
 pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     match (req.method(), req.rest().as_slice()) {
@@ -119,38 +61,4 @@ async fn list(admin: &Admin, req: &AdminRequest) -> Result<Reply, ApiError> {
     let sessions: Vec<SessionSummaryView> =
         sessions.into_iter().map(SessionSummaryView::from).collect();
     Reply::ok(serde_json::json!({ "sessions": sessions }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every outcome shows as the word the pool recorded before the WIT had an enum, so the
-    /// admin API's `outcome` strings did not change.
-    #[test]
-    fn every_attempt_outcome_shows_as_its_stable_word() {
-        let cases = [
-            (AttemptOutcome::Served, "served"),
-            (AttemptOutcome::Detour, "detour"),
-            (AttemptOutcome::PassedThrough, "passed-through"),
-            (AttemptOutcome::Transient, "transient"),
-            (AttemptOutcome::Hold, "hold"),
-            (AttemptOutcome::Quota, "quota"),
-            (AttemptOutcome::Family, "family"),
-            (AttemptOutcome::Auth, "auth"),
-            (AttemptOutcome::Cancelled, "cancelled"),
-        ];
-        for (outcome, word) in cases {
-            let view = AttemptView::from(AttemptRecord {
-                at: 7,
-                account: "acc".into(),
-                status: Some(503),
-                outcome,
-            });
-            assert_eq!(
-                serde_json::to_value(&view).unwrap(),
-                serde_json::json!({"at": 7, "account": "acc", "status": 503, "outcome": word})
-            );
-        }
-    }
 }

@@ -7,9 +7,9 @@
 //! | `GET /tokens` | `since` (epoch ms, default 0), `thread`, `by` (`account` default, or `thread`) | `{"totals": [total…]}` |
 
 use super::{Admin, AdminRequest, ApiError, Reply};
-use crate::operate::wire::{ProviderName, TokenCountsView, TokenTotalView};
+use crate::operate::wire::TokenTotalView;
 use crate::runtime::bindings::pool::exports::pooler::plugins::tokens::{
-    TokenCounts, TokenGrouping, TokenTotal, TokensError,
+    TokenGrouping, TokensError,
 };
 
 /// Five hours: the window `pooler status` shows beside today.
@@ -42,30 +42,6 @@ pub(super) async fn handle(admin: &Admin, req: &AdminRequest) -> Result<Reply, A
             Reply::ok(serde_json::json!({ "totals": totals }))
         }
         _ => Err(ApiError::no_endpoint(req)),
-    }
-}
-
-impl From<TokenCounts> for TokenCountsView {
-    fn from(c: TokenCounts) -> Self {
-        TokenCountsView {
-            answers: c.answers,
-            input: c.input,
-            output: c.output,
-            cache_read: c.cache_read,
-            cache_write: c.cache_write,
-        }
-    }
-}
-
-impl From<TokenTotal> for TokenTotalView {
-    fn from(t: TokenTotal) -> Self {
-        TokenTotalView {
-            provider: ProviderName::from(t.provider),
-            account: t.account,
-            thread: t.thread,
-            model: t.model,
-            counts: t.counts.into(),
-        }
     }
 }
 

@@ -164,104 +164,21 @@ pub struct WindowView {
     pub observed_at: u64,
 }
 
-// Routes (`/_pooler/routes…`).
+// Routes (`/_pooler/routes…`) and sessions (`/_pooler/sessions…`): the pool's own records
+// (the plugins' kit's), which the pool builds and serde spells as this API does.
 
+/// One environment variable of a route.
+pub use pooler_plugin_kit::admin::EnvVar;
 /// A route as the admin API shows it, once, to whoever opened it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RouteView {
-    /// The thread the route belongs to.
-    pub thread: String,
-    /// The provider the route serves.
-    pub provider: ProviderName,
-    /// The URL the agent sends its requests to (the server's endpoint; plus `/v1` for Codex).
-    pub base_url: String,
-    /// The route's secret token.
-    pub token: String,
-    /// Environment variables the agent needs, in order.
-    pub env: Vec<EnvVar>,
-    /// Extra command-line arguments the agent needs (Codex CLI's `-c …` flags).
-    pub args: Vec<String>,
-    /// The same configuration as `config.toml` lines (Codex CLI).
-    pub config_lines: Vec<String>,
-    /// When the route was opened. Epoch milliseconds.
-    pub opened_at: u64,
-}
-
+pub use pooler_plugin_kit::admin::Route as RouteView;
 /// An open route as `GET /routes` lists it: no token (the pool keeps only its hash).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RouteSummaryView {
-    /// The thread the route belongs to.
-    pub thread: String,
-    /// The provider the route serves.
-    pub provider: ProviderName,
-    /// When the route was (last) opened.
-    pub opened_at: u64,
-}
-
-/// One environment variable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnvVar {
-    /// The variable's name (`ANTHROPIC_BASE_URL`).
-    pub name: String,
-    /// Its value, verbatim.
-    pub value: String,
-}
-
-// Sessions (`/_pooler/sessions…`).
-
+pub use pooler_plugin_kit::admin::RouteSummary as RouteSummaryView;
 /// Where a session is pinned and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionView {
-    /// The provider of the session.
-    pub provider: ProviderName,
-    /// The session key as the pool stores it.
-    pub key: String,
-    /// The pinned account, when a fresh pin exists.
-    pub account: Option<String>,
-    /// The thread whose route made the pin, when known.
-    pub thread: Option<String>,
-    /// When the pin was last used. Epoch milliseconds.
-    pub last_used_at: Option<u64>,
-    /// When the pin expires: `last_used_at` plus the pin idle lifetime. Epoch milliseconds.
-    pub expires_at: Option<u64>,
-    /// Why the session is where it is, in words (`pinned on first success`).
-    pub why: String,
-    /// The latest attempts, newest last.
-    pub recent: Vec<AttemptView>,
-}
-
+pub use pooler_plugin_kit::admin::SessionExplanation as SessionView;
 /// A pinned session as `GET /sessions` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionSummaryView {
-    /// The provider of the session.
-    pub provider: ProviderName,
-    /// The session key as the pool stores it (what `session explain` takes).
-    pub key: String,
-    /// The account it is pinned on.
-    pub account: String,
-    /// The thread whose route made the pin, when known.
-    pub thread: Option<String>,
-    /// When the pin was last used (to the second). Epoch milliseconds.
-    pub last_used_at: u64,
-    /// When the pin expires. Epoch milliseconds.
-    pub expires_at: u64,
-    /// The first request of the session is still in flight.
-    pub provisional: bool,
-}
-
-/// One upstream attempt of a session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttemptView {
-    /// When the attempt finished. Epoch milliseconds.
-    pub at: u64,
-    /// The account tried.
-    pub account: String,
-    /// The upstream status; null for a transport failure.
-    pub status: Option<u16>,
-    /// The WIT `attempt-outcome` case's name: `served`, `detour`, `passed-through`,
-    /// `transient`, `hold`, `quota`, `family`, `auth` or `cancelled`.
-    pub outcome: String,
-}
+pub use pooler_plugin_kit::admin::SessionSummary as SessionSummaryView;
+/// One upstream attempt of a session; `outcome` is the WIT `attempt-outcome` case's name.
+pub use pooler_plugin_kit::admin::{AttemptOutcome, AttemptRecord as AttemptView};
 
 // Settings (`/_pooler/settings…`).
 

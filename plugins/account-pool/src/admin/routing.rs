@@ -25,63 +25,20 @@ impl From<DbError> for RoutingError {
     }
 }
 
-/// A route, with its token (returned once).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub thread: String,
-    pub provider: Provider,
-    pub base_url: String,
-    pub token: String,
-    pub env: Vec<(String, String)>,
-    pub args: Vec<String>,
-    pub config_lines: Vec<String>,
-    pub opened_at: u64,
-}
-
-/// Where a session is pinned and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionExplanation {
-    pub provider: Provider,
-    pub key: String,
-    pub account: Option<String>,
-    pub thread: Option<String>,
-    pub last_used_at: Option<u64>,
-    pub expires_at: Option<u64>,
-    pub why: String,
-    pub recent: Vec<AttemptRecord>,
-}
-
-/// An open route without its secret (mirror of the WIT `route-summary`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteSummary {
-    pub thread: String,
-    pub provider: Provider,
-    pub opened_at: u64,
-}
-
-/// A pinned session (mirror of the WIT `session-summary`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionSummary {
-    pub provider: Provider,
-    pub key: String,
-    pub account: String,
-    pub thread: Option<String>,
-    pub last_used_at: u64,
-    pub expires_at: u64,
-    pub provisional: bool,
-}
-
-/// One recorded attempt of a session (mirror of the WIT `attempt-record`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttemptRecord {
-    pub at: u64,
-    pub account: String,
-    pub status: Option<u16>,
-    pub outcome: AttemptOutcome,
-}
+/// The records this interface answers with: the kit's, which the host's admin API serves.
+pub use pooler_plugin_kit::admin::{
+    AttemptRecord, EnvVar, Route, RouteSummary, SessionExplanation, SessionSummary,
+};
 
 /// The name of the environment variable that holds a Codex route's token.
 pub const CODEX_TOKEN_VAR: &str = "POOLER_CODEX_TOKEN";
+
+fn env_var(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    }
+}
 
 fn valid_thread(s: &str) -> bool {
     !s.is_empty() && s.chars().count() <= 128 && !s.chars().any(char::is_control)
@@ -129,8 +86,8 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             Provider::Claude => (
                 endpoint.to_owned(),
                 vec![
-                    ("ANTHROPIC_BASE_URL".to_owned(), endpoint.to_owned()),
-                    ("ANTHROPIC_AUTH_TOKEN".to_owned(), secret.clone()),
+                    env_var("ANTHROPIC_BASE_URL", endpoint),
+                    env_var("ANTHROPIC_AUTH_TOKEN", &secret),
                 ],
                 Vec::new(),
                 Vec::new(),
@@ -157,12 +114,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
                     "wire_api = \"responses\"".into(),
                     format!("env_key = \"{CODEX_TOKEN_VAR}\""),
                 ];
-                (
-                    base,
-                    vec![(CODEX_TOKEN_VAR.to_owned(), secret.clone())],
-                    args,
-                    lines,
-                )
+                (base, vec![env_var(CODEX_TOKEN_VAR, &secret)], args, lines)
             }
         };
         Ok(Route {

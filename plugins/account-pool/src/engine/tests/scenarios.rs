@@ -140,14 +140,14 @@ fn explain_session_reads_outcomes_and_skips_an_unknown_word() {
             .record_attempt(Provider::Claude, "session:S", at, "a", None, word, 4096)
             .unwrap()
     };
-    for (at, o) in (1..).zip(AttemptOutcome::ALL) {
+    for (at, o) in (1..).zip(AttemptOutcome::ALL.iter().copied()) {
         record(at, o.as_str());
     }
     record(100, "edited by hand");
     record(101, "served");
     let e = p.admin().explain_session(Provider::Claude, "S").unwrap();
     let outcomes: Vec<_> = e.recent.iter().map(|r| (r.at, r.outcome)).collect();
-    let mut expected: Vec<_> = (1..).zip(AttemptOutcome::ALL).collect();
+    let mut expected: Vec<_> = (1..).zip(AttemptOutcome::ALL.iter().copied()).collect();
     expected.push((101, AttemptOutcome::Served));
     assert_eq!(outcomes, expected);
     assert_eq!(
