@@ -643,7 +643,7 @@ fn default_login_file(provider: ProviderName) -> anyhow::Result<PathBuf> {
 
 /// `claude account 01J… "work" (…abcd), ready`.
 fn summary(a: &AccountView) -> String {
-    let options = a.option_words();
+    let options = a.options.words();
     let options = if options.is_empty() {
         String::new()
     } else {
@@ -690,7 +690,7 @@ fn print_list(accounts: &[AccountView]) {
                 a.provider.to_string(),
                 a.priority.to_string(),
                 a.label.clone(),
-                a.status.clone(),
+                a.status.to_string(),
                 utilization(a).unwrap_or_else(dash),
                 next_reset(a, now).map_or_else(dash, |t| relative(t, now)),
                 a.held_until.map_or_else(dash, |t| format!("until {}", relative(t, now))),
@@ -718,17 +718,18 @@ fn flags(a: &AccountView) -> Option<String> {
     if a.needs_sign_in {
         words.push("sign-in".to_owned());
     }
-    if a.last_resort {
+    let o = &a.options;
+    if o.last_resort {
         words.push("last-resort".to_owned());
     }
-    if a.extra_usage == "allow" {
+    if o.extra_usage {
         words.push("extra-usage".to_owned());
     }
-    if a.max_in_flight > 0 {
-        words.push(format!("max {}", a.max_in_flight));
+    if o.max_in_flight > 0 {
+        words.push(format!("max {}", o.max_in_flight));
     }
-    if a.preserve < 1.0 {
-        words.push(format!("preserve {:.0}%", a.preserve * 100.0));
+    if o.preserve < 1.0 {
+        words.push(format!("preserve {:.0}%", o.preserve * 100.0));
     }
     (!words.is_empty()).then(|| words.join(","))
 }
@@ -737,28 +738,32 @@ fn flags(a: &AccountView) -> Option<String> {
 fn details(a: &AccountView, now: u64) -> String {
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("  {k:<14}{v}\n"));
-    line("kind", a.kind.clone());
+    let o = &a.options;
+    line("kind", a.kind.to_string());
     line("priority", a.priority.to_string());
     line(
         "last resort",
-        if a.last_resort {
+        if o.last_resort {
             "yes: used only when no other account is eligible".to_owned()
         } else {
             "no".to_owned()
         },
     );
-    line("extra usage", a.extra_usage.clone());
+    line(
+        "extra usage",
+        (if o.extra_usage { "allow" } else { "deny" }).to_owned(),
+    );
     line(
         "in flight",
-        match a.max_in_flight {
+        match o.max_in_flight {
             0 => "no limit".to_owned(),
             n => format!("at most {n}"),
         },
     );
     line(
         "preserve",
-        if a.preserve < 1.0 {
-            format!("no new conversation from {:.0}% weekly", a.preserve * 100.0)
+        if o.preserve < 1.0 {
+            format!("no new conversation from {:.0}% weekly", o.preserve * 100.0)
         } else {
             "off".to_owned()
         },

@@ -354,7 +354,7 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
             a.provider.as_str(),
             a.label,
             p.paint(DIM, &a.id),
-            p.state(&a.status)
+            p.state(a.status.as_str())
         );
         if let Some(reset) = a.blocking_reset.or(a.held_until) {
             let _ = write!(line, "  serves again {}", when(reset, now, off));
@@ -366,7 +366,7 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
                 let _ = write!(line, "  {n} pinned sessions");
             }
         }
-        let options = a.option_words();
+        let options = a.options.words();
         if !options.is_empty() {
             let _ = write!(line, "  {}", p.paint(DIM, &format!("[{}]", options.join(", "))));
         }
@@ -485,7 +485,10 @@ mod tests {
     use crate::operate::wire::overview::{
         Problem, ProviderOverview, RowOverview, ThreadOverview, summarize,
     };
-    use crate::operate::wire::{AccountTokensView, CandidateView, ProviderName, WindowView};
+    use crate::operate::wire::{
+        AccountOptions, AccountStatus, AccountTokensView, CandidateView, CredentialKind,
+        ProviderName, WindowView,
+    };
 
     const NOW: u64 = 1_764_650_000_000; // 2025-12-02T04:33:20Z
     const MIN: u64 = 60_000;
@@ -494,11 +497,11 @@ mod tests {
         AccountView {
             id: id.into(),
             provider: ProviderName::Claude,
-            kind: "api-key".into(),
+            kind: CredentialKind::ApiKey,
             label: label.into(),
             priority: 0,
             enabled: status != "disabled",
-            status: status.into(),
+            status: AccountStatus::parse(status).expect("a status word"),
             secret_hint: "…abcd".into(),
             created_at: 0,
             last_used_at: None,
@@ -508,10 +511,7 @@ mod tests {
             token_expires_at: None,
             windows: Vec::new(),
             blocking_reset: None,
-            last_resort: false,
-            extra_usage: "deny".into(),
-            max_in_flight: 0,
-            preserve: 1.0,
+            options: AccountOptions::default(),
         }
     }
 
@@ -529,8 +529,8 @@ mod tests {
             observed_at: NOW - MIN,
         }];
         let mut disabled = account("acc_b", "Key B", "disabled");
-        disabled.last_resort = true;
-        disabled.max_in_flight = 4;
+        disabled.options.last_resort = true;
+        disabled.options.max_in_flight = 4;
         let accounts = vec![held, disabled];
         let providers: Vec<ProviderOverview> = [ProviderName::Claude, ProviderName::Codex]
             .into_iter()

@@ -58,28 +58,9 @@ impl Family {
     }
 }
 
-/// How an account authenticates upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CredentialKind {
-    ApiKey,
-    OAuth,
-}
-
-impl CredentialKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CredentialKind::ApiKey => "api-key",
-            CredentialKind::OAuth => "oauth",
-        }
-    }
-    pub fn parse(s: &str) -> Option<CredentialKind> {
-        match s {
-            "api-key" => Some(CredentialKind::ApiKey),
-            "oauth" => Some(CredentialKind::OAuth),
-            _ => None,
-        }
-    }
-}
+/// How an account authenticates, its derived status and its options: the kit's records of
+/// the `accounts` interface, which the admin API shows.
+pub use pooler_plugin_kit::admin::{AccountOptions, AccountStatus, CredentialKind};
 
 /// OAuth tokens of a subscription login.
 #[derive(Clone, PartialEq, Eq)]
@@ -154,57 +135,6 @@ impl HoldKind {
             "rate-limit" => Some(HoldKind::RateLimit),
             "token" => Some(HoldKind::Token),
             _ => None,
-        }
-    }
-}
-
-/// An account's derived status, first match wins (spec §1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccountStatus {
-    Disabled,
-    Error,
-    Held,
-    Exhausted,
-    NearLimit,
-    Ready,
-}
-
-impl AccountStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AccountStatus::Disabled => "disabled",
-            AccountStatus::Error => "error",
-            AccountStatus::Held => "held",
-            AccountStatus::Exhausted => "exhausted",
-            AccountStatus::NearLimit => "near-limit",
-            AccountStatus::Ready => "ready",
-        }
-    }
-}
-
-/// How the pool may use one account beyond its credential (the WIT `account-options`).
-/// The defaults change nothing: not last-resort, extra usage denied, no in-flight limit,
-/// no preserve ceiling.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AccountOptions {
-    /// Used only when no other account of the provider is eligible.
-    pub last_resort: bool,
-    /// Whether paid extra usage (Claude overage, Codex credits) may cover a spent window.
-    pub extra_usage: bool,
-    /// The most requests in flight on the account at once; 0: no limit.
-    pub max_in_flight: u32,
-    /// The weekly utilization (a fraction > 0 and ≤ 1) from which the account takes no
-    /// new conversation while another account can; 1: no ceiling.
-    pub preserve: f64,
-}
-
-impl Default for AccountOptions {
-    fn default() -> Self {
-        AccountOptions {
-            last_resort: false,
-            extra_usage: false,
-            max_in_flight: 0,
-            preserve: 1.0,
         }
     }
 }

@@ -47,26 +47,25 @@ impl From<ProviderName> for Provider {
 
 impl From<AccountInfo> for AccountView {
     fn from(a: AccountInfo) -> Self {
+        use crate::operate::wire::{AccountOptions, AccountStatus as S, CredentialKind as K};
         AccountView {
             id: a.id,
             provider: a.provider.into(),
             kind: match a.kind {
-                CredentialKind::ApiKey => "api-key",
-                CredentialKind::Oauth => "oauth",
-            }
-            .to_owned(),
+                CredentialKind::ApiKey => K::ApiKey,
+                CredentialKind::Oauth => K::OAuth,
+            },
             label: a.label,
             priority: a.priority,
             enabled: a.enabled,
             status: match a.status {
-                AccountStatus::Disabled => "disabled",
-                AccountStatus::Error => "error",
-                AccountStatus::Held => "held",
-                AccountStatus::Exhausted => "exhausted",
-                AccountStatus::NearLimit => "near-limit",
-                AccountStatus::Ready => "ready",
-            }
-            .to_owned(),
+                AccountStatus::Disabled => S::Disabled,
+                AccountStatus::Error => S::Error,
+                AccountStatus::Held => S::Held,
+                AccountStatus::Exhausted => S::Exhausted,
+                AccountStatus::NearLimit => S::NearLimit,
+                AccountStatus::Ready => S::Ready,
+            },
             secret_hint: a.secret_hint,
             created_at: a.created_at,
             last_used_at: a.last_used_at,
@@ -76,14 +75,12 @@ impl From<AccountInfo> for AccountView {
             token_expires_at: a.token_expires_at,
             windows: a.windows.into_iter().map(WindowView::from).collect(),
             blocking_reset: a.blocking_reset,
-            last_resort: a.options.last_resort,
-            extra_usage: match a.options.extra_usage {
-                ExtraUsage::Allow => "allow",
-                ExtraUsage::Deny => "deny",
-            }
-            .to_owned(),
-            max_in_flight: a.options.max_in_flight,
-            preserve: a.options.preserve,
+            options: AccountOptions {
+                last_resort: a.options.last_resort,
+                extra_usage: a.options.extra_usage == ExtraUsage::Allow,
+                max_in_flight: a.options.max_in_flight,
+                preserve: a.options.preserve,
+            },
         }
     }
 }

@@ -106,7 +106,7 @@ impl Admin {
             for status in STATUSES {
                 let n = views
                     .iter()
-                    .filter(|a| a.provider == provider && a.status == status)
+                    .filter(|a| a.provider == provider && a.status.as_str() == status)
                     .count();
                 series.push((
                     vec![

@@ -65,104 +65,14 @@ pub fn provider_arg() -> impl clap::builder::TypedValueParser<Value = ProviderNa
 
 // Accounts (`/_pooler/accounts…`).
 
-/// An account as the admin API shows it. Contains no secret.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AccountView {
-    /// The account's id, assigned by the pool when it was added.
-    pub id: String,
-    /// The provider the account serves (`claude` or `codex`); fixed for the account's life.
-    pub provider: ProviderName,
-    /// `api-key` or `oauth`.
-    pub kind: String,
-    /// The label people know it by: 1 to 200 characters.
-    pub label: String,
-    /// Lower is tried first; ties keep the order the accounts were added in. May be negative.
-    pub priority: i32,
-    /// False once a person disabled it (status `disabled`), true again after `enable`.
-    pub enabled: bool,
-    /// `disabled`, `error`, `held`, `exhausted`, `near-limit` or `ready`.
-    pub status: String,
-    /// `…abcd` for an API key, `oauth` for OAuth.
-    pub secret_hint: String,
-    /// When the account was added. Epoch milliseconds.
-    pub created_at: u64,
-    /// When the pool last tried a request upstream with it (to the second); null when never.
-    /// Epoch milliseconds.
-    pub last_used_at: Option<u64>,
-    /// The authentication error, when the status is `error`; credentials in it are redacted.
-    pub error: Option<String>,
-    /// The end of the current hold, when held. Epoch milliseconds.
-    pub held_until: Option<u64>,
-    /// A proactive OAuth refresh was refused: it still serves, but a person should sign in again.
-    pub needs_sign_in: bool,
-    /// When the OAuth access token expires, when known. Epoch milliseconds.
-    pub token_expires_at: Option<u64>,
-    /// The quota windows observed for it.
-    pub windows: Vec<WindowView>,
-    /// When a blocked account serves again, when known.
-    pub blocking_reset: Option<u64>,
-    /// Used only when no other account of the provider is eligible.
-    #[serde(default)]
-    pub last_resort: bool,
-    /// `allow` or `deny`: whether paid extra usage may cover a spent window.
-    #[serde(default = "deny")]
-    pub extra_usage: String,
-    /// The most requests in flight at once; 0: no limit.
-    #[serde(default)]
-    pub max_in_flight: u32,
-    /// The weekly utilization from which it takes no new conversation while another
-    /// account can; 1: no ceiling.
-    #[serde(default = "no_ceiling")]
-    pub preserve: f64,
-}
-
-fn deny() -> String {
-    "deny".to_owned()
-}
-
-fn no_ceiling() -> f64 {
-    1.0
-}
-
-impl AccountView {
-    /// The options that differ from the defaults, in words (`last-resort`, `extra usage
-    /// allowed`, `≤ 4 in flight`, `preserve 80%`); empty when none does.
-    pub fn option_words(&self) -> Vec<String> {
-        let mut words = Vec::new();
-        if self.last_resort {
-            words.push("last-resort".to_owned());
-        }
-        if self.extra_usage == "allow" {
-            words.push("extra usage allowed".to_owned());
-        }
-        if self.max_in_flight > 0 {
-            words.push(format!("≤ {} in flight", self.max_in_flight));
-        }
-        if self.preserve < 1.0 {
-            words.push(format!("preserve {:.0}%", self.preserve * 100.0));
-        }
-        words
-    }
-}
-
-/// One observed quota window of an account.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WindowView {
-    /// The window's name: `5h`, `7d`, `7d_<bucket>` (Claude), `primary` or `secondary` (Codex).
-    pub name: String,
-    /// The model family a scoped window applies to (`opus`, `sonnet`, …); null for a shared one.
-    pub family: Option<String>,
-    /// 0..=1.
-    pub utilization: Option<f64>,
-    /// When the window resets, when known. Epoch milliseconds.
-    pub resets_at: Option<u64>,
-    /// `allowed`, `allowed_warning` or `rejected`, as the provider last stated it.
-    pub status: Option<String>,
-    /// Whether this window blocks the account now.
-    pub blocking: bool,
-    /// When the window was observed. Epoch milliseconds.
-    pub observed_at: u64,
-}
+/// An account as the admin API shows it (no secret), its status, kind and options, and its
+/// observed quota windows: the pool's own records (the plugins' kit's). The options show as
+/// fields of the account (`last_resort`, `extra_usage`: `allow` or `deny`, `max_in_flight`,
+/// `preserve`), each taking its default when a server left it out.
+pub use pooler_plugin_kit::admin::{
+    AccountInfo as AccountView, AccountOptions, AccountStatus, CredentialKind,
+    WindowInfo as WindowView,
+};
 
 // Routes (`/_pooler/routes…`) and sessions (`/_pooler/sessions…`): the pool's own records
 // (the plugins' kit's), which the pool builds and serde spells as this API does.

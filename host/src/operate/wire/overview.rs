@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::operate::wire::{
-    AccountTokensView, AccountView, AvailabilityView, CandidateView, ProviderName,
+    AccountStatus, AccountTokensView, AccountView, AvailabilityView, CandidateView, ProviderName,
 };
 
 /// The snapshot; see the module docs.
@@ -176,7 +176,7 @@ pub fn summarize(provider: ProviderName, accounts: &[AccountView]) -> ProviderOv
         let blocked: Vec<&AccountView> = enabled
             .iter()
             .copied()
-            .filter(|a| a.status != "error")
+            .filter(|a| a.status != AccountStatus::Error)
             .collect();
         if blocked.is_empty() {
             unavailable("authentication")
@@ -189,7 +189,7 @@ pub fn summarize(provider: ProviderName, accounts: &[AccountView]) -> ProviderOv
                 .expect("not empty");
             Serving::Blocked {
                 retry_at: first.blocking_reset.unwrap_or_default(),
-                cause: if first.status == "held" {
+                cause: if first.status == AccountStatus::Held {
                     "held"
                 } else {
                     "quota-exhausted"
@@ -211,6 +211,7 @@ pub fn summarize(provider: ProviderName, accounts: &[AccountView]) -> ProviderOv
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operate::wire::{AccountOptions, CredentialKind};
 
     pub(crate) fn account(
         id: &str,
@@ -221,11 +222,11 @@ mod tests {
         AccountView {
             id: id.into(),
             provider: ProviderName::Claude,
-            kind: "api-key".into(),
+            kind: CredentialKind::ApiKey,
             label: format!("key {id}"),
             priority: 0,
             enabled,
-            status: status.into(),
+            status: AccountStatus::parse(status).expect("a status word"),
             secret_hint: "…abcd".into(),
             created_at: 0,
             last_used_at: None,
@@ -235,10 +236,7 @@ mod tests {
             token_expires_at: None,
             windows: Vec::new(),
             blocking_reset: reset,
-            last_resort: false,
-            extra_usage: "deny".into(),
-            max_in_flight: 0,
-            preserve: 1.0,
+            options: AccountOptions::default(),
         }
     }
 

@@ -5,8 +5,7 @@
 use super::Admin;
 use crate::engine::{Cancel, Clock, Log, Random, Upstream, new_id};
 use crate::model::{
-    AccountOptions, AccountStatus, ChangeCause, Credential, CredentialKind, Family, OAuthTokens,
-    OptionsChange, Provider,
+    AccountOptions, ChangeCause, Credential, CredentialKind, OAuthTokens, OptionsChange, Provider,
 };
 use crate::oauth;
 use crate::policy::{self, AccountState};
@@ -24,39 +23,8 @@ pub struct NewAccount {
     pub options: Option<AccountOptions>,
 }
 
-/// One quota window as a person sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WindowInfo {
-    pub name: String,
-    pub family: Option<Family>,
-    pub utilization: Option<f64>,
-    pub resets_at: Option<u64>,
-    pub status: Option<String>,
-    pub blocking: bool,
-    pub observed_at: u64,
-}
-
-/// An account as a person sees it: no secret.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AccountInfo {
-    pub id: String,
-    pub provider: Provider,
-    pub kind: CredentialKind,
-    pub label: String,
-    pub priority: i32,
-    pub enabled: bool,
-    pub status: AccountStatus,
-    pub secret_hint: String,
-    pub created_at: u64,
-    pub last_used_at: Option<u64>,
-    pub error: Option<String>,
-    pub held_until: Option<u64>,
-    pub needs_sign_in: bool,
-    pub token_expires_at: Option<u64>,
-    pub windows: Vec<WindowInfo>,
-    pub blocking_reset: Option<u64>,
-    pub options: AccountOptions,
-}
+/// An account and its windows as a person sees them (no secret): the kit's records.
+pub use pooler_plugin_kit::admin::{AccountInfo, WindowInfo};
 
 /// Why an account operation was refused (mirror of the WIT `accounts-error`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +72,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             .iter()
             .map(|w| WindowInfo {
                 name: w.name.clone(),
-                family: w.family,
+                family: w.family.map(|f| f.as_str().to_owned()),
                 utilization: w.utilization,
                 resets_at: w.resets_at,
                 status: w.status.clone(),

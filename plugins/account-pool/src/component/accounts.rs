@@ -65,7 +65,7 @@ fn account_out(a: admin::AccountInfo) -> accounts::AccountInfo {
             .into_iter()
             .map(|w| accounts::UsageWindow {
                 name: w.name,
-                family: w.family.map(|f| f.as_str().to_owned()),
+                family: w.family,
                 utilization: w.utilization,
                 resets_at: w.resets_at,
                 status: w.status,

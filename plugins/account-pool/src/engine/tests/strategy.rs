@@ -334,7 +334,7 @@ fn an_out_of_extra_usage_refusal_fails_over_and_refuses_that_family() {
         .find(|x| x.id == p.id("a"))
         .unwrap();
     let w = a.windows.iter().find(|w| w.name == "extra-usage").unwrap();
-    assert_eq!(w.family, Some(Family::Opus));
+    assert_eq!(w.family.as_deref(), Some(Family::Opus.as_str()));
     assert!(w.blocking);
     assert_eq!(
         w.resets_at,
