@@ -409,7 +409,6 @@ async fn answer(
     if state.recording.load(std::sync::atomic::Ordering::Relaxed) {
         state.received.lock().unwrap().push(received);
     }
-    state.hits.send_modify(|n| *n += 1);
     let reply = decided.unwrap_or_else(|| {
         state
             .script
@@ -418,6 +417,9 @@ async fn answer(
             .pop_front()
             .unwrap_or_else(|| state.default.clone())
     });
+    // Counted once its reply is taken: a test that waits for this hit and then scripts the
+    // next reply must not race this request for the one it was given.
+    state.hits.send_modify(|n| *n += 1);
     if let Some(gate) = &reply.head_gate {
         gate.passed().await;
     }
