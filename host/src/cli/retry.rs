@@ -192,7 +192,7 @@ fn status_table(candidates: &[CandidateView], now: u64) -> String {
         .map(|c| {
             vec![
                 c.thread.clone(),
-                c.state.clone(),
+                c.state.to_string(),
                 next_send(c, now),
                 c.next_attempt.to_string(),
                 c.reason.clone(),
@@ -228,6 +228,7 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Command};
+    use crate::operate::wire::CandidateState;
 
     const NOW: u64 = 1_792_716_616_000; // 2026-10-23T00:50:16Z
 
@@ -237,11 +238,10 @@ mod tests {
             original_request: "rq_1".into(),
             failed_request: "rq_1".into(),
             state: if send_at.is_some() {
-                "scheduled"
+                CandidateState::Scheduled
             } else {
-                "watching"
-            }
-            .into(),
+                CandidateState::Watching
+            },
             row: send_at.map(|_| 4),
             send_at,
             next_attempt: 2,

@@ -458,7 +458,7 @@ pub fn render(o: &Overview, now: u64, style: Style) -> String {
                 let _ = writeln!(
                     out,
                     "          retry: {} until the pool can serve — {}",
-                    p.state(&r.state),
+                    p.state(r.state.as_str()),
                     r.reason
                 );
             }
@@ -486,7 +486,8 @@ mod tests {
         Problem, ProviderOverview, RowOverview, ThreadOverview, summarize,
     };
     use crate::operate::wire::{
-        AccountOptions, AccountStatus, AccountTokensView, CandidateView, CredentialKind,
+        AccountOptions, AccountStatus, AccountTokensView, CandidateState, CandidateView,
+        CredentialKind,
         ProviderName, WindowView,
     };
 
@@ -560,7 +561,7 @@ mod tests {
                     thread: "th_1".into(),
                     original_request: "rq_1".into(),
                     failed_request: "rq_1".into(),
-                    state: "scheduled".into(),
+                    state: CandidateState::Scheduled,
                     row: Some(7),
                     send_at: Some(NOW + 130 * MIN + 20_000),
                     next_attempt: 2,
@@ -680,7 +681,7 @@ Threads
         let thread = &mut o.threads[0];
         thread.row = None;
         let retry = thread.retry.as_mut().unwrap();
-        retry.state = "watching".into();
+        retry.state = CandidateState::Watching;
         retry.send_at = None;
         retry.reason = "pool-unavailable(authentication)".into();
         o.problems.push(Problem {

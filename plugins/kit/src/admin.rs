@@ -396,7 +396,10 @@ mod tests {
         assert_eq!(json["preserve"], 0.8);
         assert!(json.get("options").is_none());
         assert_eq!(json["windows"][0]["family"], "opus");
-        assert_eq!(serde_json::from_value::<AccountInfo>(json.clone()).unwrap(), account);
+        assert_eq!(
+            serde_json::from_value::<AccountInfo>(json.clone()).unwrap(),
+            account
+        );
 
         let mut older = json;
         for field in ["last_resort", "extra_usage", "max_in_flight", "preserve"] {

@@ -23,6 +23,7 @@ pub mod log;
 pub mod metrics;
 pub mod provider;
 pub mod ratelimit;
+pub mod retry_admin;
 pub mod time;
 pub mod turns;
 

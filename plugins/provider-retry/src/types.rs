@@ -74,26 +74,8 @@ pub enum DispatchVerdict {
     Drop(String),
 }
 
-/// The state of an open candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CandidateState {
-    Scheduled,
-    Watching,
-}
-
-/// An open candidate: a chain with a live row or a watch (WIT `retry-admin.candidate`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    pub thread: String,
-    pub original_request: String,
-    pub failed_request: String,
-    pub state: CandidateState,
-    pub row: Option<u64>,
-    pub send_at: Option<Timestamp>,
-    pub next_attempt: u32,
-    pub reason: String,
-    pub chain_started_at: Timestamp,
-}
+/// An open candidate and its state: the kit's, which the host's admin API serves.
+pub use pooler_plugin_kit::retry_admin::{Candidate, CandidateState};
 
 /// What set off a history entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

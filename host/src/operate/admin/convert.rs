@@ -215,10 +215,9 @@ pub(super) fn candidate_view(c: Candidate) -> CandidateView {
         original_request: c.original_request,
         failed_request: c.failed_request,
         state: match c.state {
-            CandidateState::Scheduled => "scheduled",
-            CandidateState::Watching => "watching",
-        }
-        .to_owned(),
+            CandidateState::Scheduled => crate::operate::wire::CandidateState::Scheduled,
+            CandidateState::Watching => crate::operate::wire::CandidateState::Watching,
+        },
         row: c.row,
         send_at: c.send_at,
         next_attempt: c.next_attempt,

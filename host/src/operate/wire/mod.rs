@@ -107,29 +107,9 @@ pub struct SettingView {
 
 // Provider Retry's diagnostics (`/_pooler/retry…`).
 
-/// An open candidate: a chain with a live retry row or a watch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CandidateView {
-    /// The thread the candidate belongs to.
-    pub thread: String,
-    /// The chain's original request.
-    pub original_request: String,
-    /// The chain's latest failed request.
-    pub failed_request: String,
-    /// `scheduled` (a live row) or `watching` (declined for now, revisited on every
-    /// re-evaluation).
-    pub state: String,
-    /// The live row, when scheduled.
-    pub row: Option<u64>,
-    /// When the row is due, when scheduled.
-    pub send_at: Option<u64>,
-    /// The attempt the next dispatch will carry.
-    pub next_attempt: u32,
-    /// Why it is in this state.
-    pub reason: String,
-    /// When the chain first failed (T0).
-    pub chain_started_at: u64,
-}
+/// An open candidate (a chain with a live retry row or a watch) and its state: Provider
+/// Retry's own record (the plugins' kit's). `state` is `scheduled` or `watching`.
+pub use pooler_plugin_kit::retry_admin::{Candidate as CandidateView, CandidateState};
 
 /// What set off an entry of the history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -70,7 +70,7 @@ fn candidates_keep_every_field() {
             chain_started_at: 1_000,
         }
     });
-    assert_eq!(watching.state, "watching");
+    assert_eq!(watching.state.as_str(), "watching");
     assert_eq!(watching.send_at, None);
 }
 
