@@ -55,10 +55,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 let rows: Vec<Vec<String>> = settings
                     .iter()
                     .map(|s| {
-                        let default = if s.value == s.default {
+                        let default = if s.value == s.default_value {
                             String::new()
                         } else {
-                            s.default.clone()
+                            s.default_value.clone()
                         };
                         vec![s.key.clone(), s.value.clone(), default, s.description.clone()]
                     })
@@ -78,7 +78,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             out.print(&answer, |answer| {
                 let s: SettingView = field(answer, "setting")?;
                 println!("{} = {}", s.key, s.value);
-                println!("  default: {}", s.default);
+                println!("  default: {}", s.default_value);
                 println!("  {}", s.description);
                 Ok(())
             })

@@ -201,7 +201,7 @@ fn settings_error(e: admin::SettingsError) -> settings::SettingsError {
     }
 }
 
-fn setting_out(s: admin::SettingInfo) -> settings::Setting {
+fn setting_out(s: admin::Setting) -> settings::Setting {
     settings::Setting {
         key: s.key,
         value: s.value,

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod provider;
 pub mod ratelimit;
 pub mod retry_admin;
+pub mod settings;
 pub mod time;
 pub mod turns;
 

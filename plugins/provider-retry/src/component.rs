@@ -45,7 +45,7 @@ static WASI_VERSION: fn() -> (u64, u64) = wasip2::random::insecure_seed::insecur
 use crate::engine::Engine;
 use crate::policy::Random;
 use crate::ports::{AvailabilityQuery, AvailabilitySource, Clock, RowMove, Threads};
-use crate::settings::{SettingView, Settings, SettingsError};
+use crate::settings::{Setting, Settings, SettingsError};
 use crate::store;
 use crate::types::*;
 
@@ -222,7 +222,7 @@ fn to_wit_plugin_error(e: PluginError) -> wit::PluginError {
     }
 }
 
-fn to_wit_setting(s: SettingView) -> wit_settings::Setting {
+fn to_wit_setting(s: Setting) -> wit_settings::Setting {
     wit_settings::Setting {
         key: s.key,
         value: s.value,

@@ -48,14 +48,8 @@ const SECOND: u64 = 1_000;
 const MINUTE: u64 = 60 * SECOND;
 const HOUR: u64 = 60 * MINUTE;
 
-/// One setting as the WIT `settings.setting` record shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettingView {
-    pub key: String,
-    pub value: String,
-    pub default_value: String,
-    pub description: String,
-}
+/// One setting as a person sees it: the kit's, which every plugin and the admin API share.
+pub use pooler_plugin_kit::settings::Setting;
 
 /// Why a setting was refused (WIT `settings-error`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,8 +220,8 @@ fn spec(key: &str) -> Result<&'static Spec, SettingsError> {
         .ok_or_else(|| SettingsError::UnknownKey(key.to_owned()))
 }
 
-fn view(spec: &Spec, current: &Settings) -> SettingView {
-    SettingView {
+fn view(spec: &Spec, current: &Settings) -> Setting {
+    Setting {
         key: spec.key.to_owned(),
         value: (spec.get)(current).text(),
         default_value: (spec.get)(&Settings::default()).text(),
@@ -250,19 +244,19 @@ impl Settings {
     }
 
     /// All settings, sorted by key.
-    pub fn list(db: &impl Db) -> Result<Vec<SettingView>, SettingsError> {
+    pub fn list(db: &impl Db) -> Result<Vec<Setting>, SettingsError> {
         let current = Settings::load(db)?;
         Ok(SPECS.iter().map(|s| view(s, &current)).collect())
     }
 
     /// One setting.
-    pub fn get(db: &impl Db, key: &str) -> Result<SettingView, SettingsError> {
+    pub fn get(db: &impl Db, key: &str) -> Result<Setting, SettingsError> {
         let spec = spec(key)?;
         Ok(view(spec, &Settings::load(db)?))
     }
 
     /// Validate and store one setting; returns it as stored (canonical text).
-    pub fn set(db: &impl Db, key: &str, value: &str) -> Result<SettingView, SettingsError> {
+    pub fn set(db: &impl Db, key: &str, value: &str) -> Result<Setting, SettingsError> {
         let spec = spec(key)?;
         let parsed = (spec.parse)(value).ok_or_else(|| SettingsError::InvalidValue {
             key: key.to_owned(),

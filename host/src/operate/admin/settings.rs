@@ -56,14 +56,13 @@ macro_rules! convert_from {
             }
         }
 
-        impl SettingView {
-            fn $view(s: $module::Setting, prefix: &str) -> SettingView {
-                SettingView {
-                    key: format!("{prefix}{}", s.key),
-                    value: s.value,
-                    default: s.default_value,
-                    description: s.description,
-                }
+        /// The setting as the admin API shows it: its key with the role's prefix.
+        fn $view(s: $module::Setting, prefix: &str) -> SettingView {
+            SettingView {
+                key: format!("{prefix}{}", s.key),
+                value: s.value,
+                default_value: s.default_value,
+                description: s.description,
             }
         }
     };
@@ -159,7 +158,7 @@ async fn list(admin: &Admin) -> Result<Reply, ApiError> {
         all.extend(
             settings
                 .into_iter()
-                .map(|s| SettingView::from_pool(s, prefix(Role::AccountPool))),
+                .map(|s| from_pool(s, prefix(Role::AccountPool))),
         );
     }
     if admin.host().has_role(Role::ProviderRetry) {
@@ -172,7 +171,7 @@ async fn list(admin: &Admin) -> Result<Reply, ApiError> {
         all.extend(
             settings
                 .into_iter()
-                .map(|s| SettingView::from_retry(s, prefix(Role::ProviderRetry))),
+                .map(|s| from_retry(s, prefix(Role::ProviderRetry))),
         );
     }
     all.extend(alerts_settings(admin.host().config()));
@@ -203,7 +202,7 @@ fn alerts_settings(config: &crate::config::Config) -> Vec<SettingView> {
     .map(|(field, what)| SettingView {
         key: format!("alerts.{}", field.replace('_', "-")),
         value: text(&view[field]),
-        default: text(&defaults[field]),
+        default_value: text(&defaults[field]),
         description: format!("{what}; set in the configuration file's [alerts]"),
     })
     .collect()
@@ -216,14 +215,14 @@ async fn get(admin: &Admin, role: Role, key: String) -> Result<SettingView, ApiE
                 Box::pin(async move { pool.pooler_plugins_settings().call_get_setting(store, &key).await })
             })
             .await?
-            .map(|s| SettingView::from_pool(s, prefix(role)))
+            .map(|s| from_pool(s, prefix(role)))
             .map_err(|e| refused(role, e.into())),
         Role::ProviderRetry => admin
             .retry("settings.get-setting", move |store, retry| {
                 Box::pin(async move { retry.pooler_plugins_settings().call_get_setting(store, &key).await })
             })
             .await?
-            .map(|s| SettingView::from_retry(s, prefix(role)))
+            .map(|s| from_retry(s, prefix(role)))
             .map_err(|e| refused(role, e.into())),
     }
 }
@@ -272,7 +271,7 @@ async fn store(admin: &Admin, role: Role, key: String, value: String) -> Result<
                 })
             })
             .await?
-            .map(|s| SettingView::from_pool(s, prefix(role)))
+            .map(|s| from_pool(s, prefix(role)))
             .map_err(|e| refused(role, e.into())),
         Role::ProviderRetry => admin
             .retry("settings.set-setting", move |store, retry| {
@@ -284,7 +283,7 @@ async fn store(admin: &Admin, role: Role, key: String, value: String) -> Result<
                 })
             })
             .await?
-            .map(|s| SettingView::from_retry(s, prefix(role)))
+            .map(|s| from_retry(s, prefix(role)))
             .map_err(|e| refused(role, e.into())),
     }
 }

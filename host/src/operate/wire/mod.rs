@@ -92,18 +92,9 @@ pub use pooler_plugin_kit::admin::{AttemptOutcome, AttemptRecord as AttemptView}
 
 // Settings (`/_pooler/settings…`).
 
-/// One setting as the admin API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SettingView {
-    /// With its role prefix (`pool.switch-threshold`).
-    pub key: String,
-    /// The current value, in the key's canonical format.
-    pub value: String,
-    /// The default value, in the same format.
-    pub default: String,
-    /// What the setting does and which values it accepts.
-    pub description: String,
-}
+/// One setting as the admin API shows it: the plugins' own record (the kit's), its key with
+/// its role prefix (`pool.switch-threshold`), `default_value` spelled `default`.
+pub use pooler_plugin_kit::settings::Setting as SettingView;
 
 // Provider Retry's diagnostics (`/_pooler/retry…`).
 

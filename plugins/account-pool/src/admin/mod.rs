@@ -25,7 +25,7 @@ pub use routing::{
     AttemptRecord, CODEX_TOKEN_VAR, Route, RouteSummary, RoutingError, SessionExplanation,
     SessionSummary,
 };
-pub use settings::{SettingInfo, SettingsError};
+pub use settings::{Setting, SettingsError};
 
 use crate::engine::{Cancel, Clock, Engine, Log, Random, Upstream};
 use crate::model::{ChangeCause, Provider};

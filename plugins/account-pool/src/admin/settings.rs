@@ -20,23 +20,17 @@ impl From<DbError> for SettingsError {
     }
 }
 
-/// One setting as a person sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettingInfo {
-    pub key: String,
-    pub value: String,
-    pub default_value: String,
-    pub description: String,
-}
+/// One setting as a person sees it: the kit's, which every plugin and the admin API share.
+pub use pooler_plugin_kit::settings::Setting;
 
 impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_kit::Metrics>
     Admin<'a, D, U, E>
 {
-    pub fn list_settings(&self) -> Result<Vec<SettingInfo>, SettingsError> {
+    pub fn list_settings(&self) -> Result<Vec<Setting>, SettingsError> {
         let pairs = self.store.setting_pairs()?;
         Ok(settings::SPECS
             .iter()
-            .map(|spec| SettingInfo {
+            .map(|spec| Setting {
                 key: spec.key.to_owned(),
                 value: pairs
                     .iter()
@@ -48,7 +42,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
             .collect())
     }
 
-    pub fn get_setting(&self, key: &str) -> Result<SettingInfo, SettingsError> {
+    pub fn get_setting(&self, key: &str) -> Result<Setting, SettingsError> {
         self.list_settings()?
             .into_iter()
             .find(|s| s.key == key)
@@ -57,7 +51,7 @@ impl<'a, D: Db, U: Upstream, E: Clock + Random + Log + Cancel + pooler_plugin_ki
 
     /// Validate and store a setting; a change that may alter availability queues
     /// `config-changed` (or `routing-changed`) for the providers it affects.
-    pub fn set_setting(&self, key: &str, value: &str) -> Result<SettingInfo, SettingsError> {
+    pub fn set_setting(&self, key: &str, value: &str) -> Result<Setting, SettingsError> {
         let canonical = settings::canonical(key, value).map_err(SettingsError::Refused)?;
         settings::check_memory(
             key,
