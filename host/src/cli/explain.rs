@@ -32,7 +32,7 @@ pub fn availability_words(a: &AvailabilityView) -> String {
         AvailabilityView::Blocked { retry_at, .. } => {
             format!("pool blocked until {}", clock_time(*retry_at))
         }
-        AvailabilityView::Unavailable { reason } => format!("pool unavailable ({reason})"),
+        AvailabilityView::Unavailable(reason) => format!("pool unavailable ({reason})"),
     }
 }
 
@@ -40,10 +40,13 @@ pub fn availability_words(a: &AvailabilityView) -> String {
 pub fn trigger_words(t: &TriggerView) -> String {
     match t {
         TriggerView::Failure => "after the turn failed".to_owned(),
-        TriggerView::Signal { causes } if causes.is_empty() => {
+        TriggerView::Signal(causes) if causes.is_empty() => {
             "after pool availability changed".to_owned()
         }
-        TriggerView::Signal { causes } => format!("after pool availability changed ({causes})"),
+        TriggerView::Signal(causes) => {
+            let words: Vec<&str> = causes.iter().map(|c| c.words()).collect();
+            format!("after pool availability changed ({})", words.join(", "))
+        }
         TriggerView::Start => "at start-up".to_owned(),
         TriggerView::Tick => "at the periodic re-evaluation".to_owned(),
         TriggerView::Due => "when the row came due".to_owned(),
@@ -55,14 +58,14 @@ pub fn trigger_words(t: &TriggerView) -> String {
 /// What was done, in words ("rescheduled 03:00:23 → 00:50:31").
 pub fn action_words(a: &ActionView) -> String {
     match a {
-        ActionView::Scheduled { at } => format!("scheduled for {}", clock_time(*at)),
-        ActionView::Rescheduled { from, to } => {
+        ActionView::Scheduled(at) => format!("scheduled for {}", clock_time(*at)),
+        ActionView::Rescheduled(from, to) => {
             format!("rescheduled {} → {}", clock_time(*from), clock_time(*to))
         }
         ActionView::Watching => "watching".to_owned(),
         ActionView::Declined => "declined".to_owned(),
         ActionView::Dropped => "dropped".to_owned(),
-        ActionView::Dispatched { attempt } => format!("dispatched as attempt {attempt}"),
+        ActionView::Dispatched(attempt) => format!("dispatched as attempt {attempt}"),
         ActionView::Resolved => "resolved".to_owned(),
         ActionView::Unchanged => "unchanged".to_owned(),
     }
@@ -115,6 +118,7 @@ pub fn render(chain: &ChainView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operate::wire::{BlockCause, ChangeCause, UnavailableReason};
 
     // 2026-10-23T00:50:16Z
     const T: u64 = 1_792_716_616_000;
@@ -147,13 +151,8 @@ mod tests {
     #[test]
     fn a_move_after_a_signal_reads_like_the_issue_asks() {
         let e = entry(
-            TriggerView::Signal {
-                causes: "account enabled".into(),
-            },
-            ActionView::Rescheduled {
-                from: T + 7_807_000,
-                to: T + 15_000,
-            },
+            TriggerView::Signal(vec![ChangeCause::AccountEnabled]),
+            ActionView::Rescheduled(T + 7_807_000, T + 15_000),
             None,
             "",
         );
@@ -168,15 +167,11 @@ mod tests {
         let cases = [
             (TriggerView::Failure, "after the turn failed"),
             (
-                TriggerView::Signal {
-                    causes: "account enabled, hold ended".into(),
-                },
+                TriggerView::Signal(vec![ChangeCause::AccountEnabled, ChangeCause::HoldEnded]),
                 "after pool availability changed (account enabled, hold ended)",
             ),
             (
-                TriggerView::Signal {
-                    causes: String::new(),
-                },
+                TriggerView::Signal(vec![]),
                 "after pool availability changed",
             ),
             (TriggerView::Start, "at start-up"),
@@ -197,24 +192,15 @@ mod tests {
     #[test]
     fn every_action_has_its_words() {
         let cases = [
+            (ActionView::Scheduled(T + 60_000), "scheduled for 00:51:16"),
             (
-                ActionView::Scheduled { at: T + 60_000 },
-                "scheduled for 00:51:16",
-            ),
-            (
-                ActionView::Rescheduled {
-                    from: T,
-                    to: T + 3_600_000,
-                },
+                ActionView::Rescheduled(T, T + 3_600_000),
                 "rescheduled 00:50:16 → 01:50:16",
             ),
             (ActionView::Watching, "watching"),
             (ActionView::Declined, "declined"),
             (ActionView::Dropped, "dropped"),
-            (
-                ActionView::Dispatched { attempt: 3 },
-                "dispatched as attempt 3",
-            ),
+            (ActionView::Dispatched(3), "dispatched as attempt 3"),
             (ActionView::Resolved, "resolved"),
             (ActionView::Unchanged, "unchanged"),
         ];
@@ -235,14 +221,12 @@ mod tests {
             (
                 AvailabilityView::Blocked {
                     retry_at: T + 7_783_000,
-                    cause: "quota-exhausted".into(),
+                    cause: BlockCause::QuotaExhausted,
                 },
                 "pool blocked until 02:59:59",
             ),
             (
-                AvailabilityView::Unavailable {
-                    reason: "authentication".into(),
-                },
+                AvailabilityView::Unavailable(UnavailableReason::Authentication),
                 "pool unavailable (authentication)",
             ),
         ];
@@ -255,12 +239,12 @@ mod tests {
     fn entries_name_reason_and_availability() {
         let blocked = AvailabilityView::Blocked {
             retry_at: T + 7_783_000,
-            cause: "quota-exhausted".into(),
+            cause: BlockCause::QuotaExhausted,
         };
         assert_eq!(
             describe(&entry(
                 TriggerView::Failure,
-                ActionView::Scheduled { at: T + 7_807_000 },
+                ActionView::Scheduled(T + 7_807_000),
                 Some(blocked),
                 "rate-limited: pool reset"
             )),
@@ -270,9 +254,9 @@ mod tests {
             describe(&entry(
                 TriggerView::Failure,
                 ActionView::Watching,
-                Some(AvailabilityView::Unavailable {
-                    reason: "authentication".into()
-                }),
+                Some(AvailabilityView::Unavailable(
+                    UnavailableReason::Authentication
+                )),
                 "pool-unavailable(authentication)"
             )),
             "watching after the turn failed: pool-unavailable(authentication); pool unavailable (authentication)"
@@ -289,7 +273,7 @@ mod tests {
         assert_eq!(
             describe(&entry(
                 TriggerView::Person,
-                ActionView::Dispatched { attempt: 2 },
+                ActionView::Dispatched(2),
                 None,
                 ""
             )),
@@ -314,13 +298,13 @@ mod tests {
             entries: vec![
                 entry(
                     TriggerView::Failure,
-                    ActionView::Scheduled { at: T + 60_000 },
+                    ActionView::Scheduled(T + 60_000),
                     Some(AvailabilityView::Ready),
                     "rate-limited: pool ready",
                 ),
                 entry(
                     TriggerView::Due,
-                    ActionView::Dispatched { attempt: 2 },
+                    ActionView::Dispatched(2),
                     Some(AvailabilityView::Ready),
                     "passed the dispatch gates",
                 ),
@@ -354,13 +338,11 @@ mod tests {
     #[test]
     fn the_wire_form_names_each_variant_by_its_wit_case() {
         let e = entry(
-            TriggerView::Signal {
-                causes: "account enabled".into(),
-            },
-            ActionView::Rescheduled { from: 1, to: 2 },
+            TriggerView::Signal(vec![ChangeCause::AccountEnabled]),
+            ActionView::Rescheduled(1, 2),
             Some(AvailabilityView::Blocked {
                 retry_at: 3,
-                cause: "held".into(),
+                cause: BlockCause::Held,
             }),
             "rate-limited",
         );

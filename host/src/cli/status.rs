@@ -290,7 +290,7 @@ fn availability(a: &AvailabilityView, now: u64, offset_s: i32) -> String {
         AvailabilityView::Blocked { retry_at, cause } => {
             format!("blocked ({cause}) until {}", when(*retry_at, now, offset_s))
         }
-        AvailabilityView::Unavailable { reason } => format!("unavailable ({reason})"),
+        AvailabilityView::Unavailable(reason) => format!("unavailable ({reason})"),
     }
 }
 
@@ -486,8 +486,8 @@ mod tests {
         Problem, ProviderOverview, RowOverview, ThreadOverview, summarize,
     };
     use crate::operate::wire::{
-        AccountOptions, AccountStatus, AccountTokensView, CandidateState, CandidateView,
-        CredentialKind,
+        AccountOptions, AccountStatus, AccountTokensView, BlockCause, CandidateState,
+        CandidateView, CredentialKind,
         ProviderName, WindowView,
     };
 
@@ -555,7 +555,7 @@ mod tests {
                 created_at: NOW - 5 * MIN,
                 availability: Some(AvailabilityView::Blocked {
                     retry_at: NOW + 130 * MIN,
-                    cause: "held".into(),
+                    cause: BlockCause::Held,
                 }),
                 retry: Some(CandidateView {
                     thread: "th_1".into(),

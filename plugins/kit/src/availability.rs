@@ -36,6 +36,11 @@ wire_enum! {
 
 /// The pool's answer to "when can you serve this thread again?" (WIT `availability`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(into = "wire::Availability", from = "wire::Availability")
+)]
 pub enum Availability {
     /// The thread is not routed through the pool: the pool has no say.
     NotRouted,
@@ -90,6 +95,49 @@ pub struct AvailabilityChange {
     pub earliest: Availability,
     /// When the (first coalesced) change was detected (epoch ms).
     pub detected_at: u64,
+}
+
+/// The admin API's form of an availability: an object whose `kind` is the case name
+/// (`{"kind": "blocked", "retry_at": …, "cause": "held"}`, `{"kind": "unavailable",
+/// "reason": "authentication"}`).
+#[cfg(feature = "serde")]
+mod wire {
+    use super::{BlockCause, UnavailableReason};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "kind", rename_all = "kebab-case")]
+    pub enum Availability {
+        NotRouted,
+        Ready,
+        Blocked { retry_at: u64, cause: BlockCause },
+        Unavailable { reason: UnavailableReason },
+    }
+
+    impl From<super::Availability> for Availability {
+        fn from(a: super::Availability) -> Self {
+            match a {
+                super::Availability::NotRouted => Availability::NotRouted,
+                super::Availability::Ready => Availability::Ready,
+                super::Availability::Blocked { retry_at, cause } => {
+                    Availability::Blocked { retry_at, cause }
+                }
+                super::Availability::Unavailable(reason) => Availability::Unavailable { reason },
+            }
+        }
+    }
+
+    impl From<Availability> for super::Availability {
+        fn from(a: Availability) -> Self {
+            match a {
+                Availability::NotRouted => super::Availability::NotRouted,
+                Availability::Ready => super::Availability::Ready,
+                Availability::Blocked { retry_at, cause } => {
+                    super::Availability::Blocked { retry_at, cause }
+                }
+                Availability::Unavailable { reason } => super::Availability::Unavailable(reason),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -77,50 +77,9 @@ pub enum DispatchVerdict {
 /// An open candidate and its state: the kit's, which the host's admin API serves.
 pub use pooler_plugin_kit::retry_admin::{Candidate, CandidateState};
 
-/// What set off a history entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trigger {
-    Failure,
-    /// An availability-changed signal, with its causes (each once, first seen first).
-    Signal(Vec<ChangeCause>),
-    Start,
-    Tick,
-    Due,
-    Person,
-    Dispatch,
-}
-
-/// What a history entry did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    Scheduled(Timestamp),
-    /// Old time, new time.
-    Rescheduled(Timestamp, Timestamp),
-    Watching,
-    Declined,
-    Dropped,
-    Dispatched(u32),
-    Resolved,
-    Unchanged,
-}
-
-/// One entry of a chain's history.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistoryEntry {
-    pub at: Timestamp,
-    pub trigger: Trigger,
-    pub availability: Option<Availability>,
-    pub action: Action,
-    pub reason: String,
-}
-
-/// The history of one chain, oldest entry first.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChainHistory {
-    pub thread: String,
-    pub original_request: String,
-    pub entries: Vec<HistoryEntry>,
-}
+/// A chain's history and what sets off and does each entry: the kit's, which the host's
+/// admin API serves.
+pub use pooler_plugin_kit::retry_admin::{Action, ChainHistory, HistoryEntry, Trigger};
 
 /// Why an admin call was refused (WIT `admin-error`).
 #[derive(Debug, Clone, PartialEq, Eq)]

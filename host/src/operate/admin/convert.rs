@@ -5,8 +5,8 @@
 //! endpoint.
 
 use crate::operate::wire::{
-    AccountView, ActionView, AttemptView, AvailabilityView, CandidateView, ChainView, EntryView,
-    EnvVar, ProviderName, RouteSummaryView, RouteView, SessionSummaryView, SessionView,
+    self, AccountView, ActionView, AttemptView, AvailabilityView, CandidateView, ChainView,
+    EntryView, EnvVar, ProviderName, RouteSummaryView, RouteView, SessionSummaryView, SessionView,
     TokenCountsView, TokenTotalView, TriggerView, WindowView,
 };
 use crate::runtime::bindings::pool::exports::pooler::plugins::accounts::{
@@ -239,9 +239,9 @@ pub(super) fn entry_view(e: HistoryEntry) -> EntryView {
         at: e.at,
         trigger: match e.trigger {
             Trigger::Failure => TriggerView::Failure,
-            Trigger::Signal(causes) => TriggerView::Signal {
-                causes: causes_words(&causes),
-            },
+            Trigger::Signal(causes) => {
+                TriggerView::Signal(causes.into_iter().map(change_cause).collect())
+            }
             Trigger::Start => TriggerView::Start,
             Trigger::Tick => TriggerView::Tick,
             Trigger::Due => TriggerView::Due,
@@ -250,12 +250,12 @@ pub(super) fn entry_view(e: HistoryEntry) -> EntryView {
         },
         availability: e.availability.map(availability_view),
         action: match e.action {
-            Action::Scheduled(at) => ActionView::Scheduled { at },
-            Action::Rescheduled((from, to)) => ActionView::Rescheduled { from, to },
+            Action::Scheduled(at) => ActionView::Scheduled(at),
+            Action::Rescheduled((from, to)) => ActionView::Rescheduled(from, to),
             Action::Watching => ActionView::Watching,
             Action::Declined => ActionView::Declined,
             Action::Dropped => ActionView::Dropped,
-            Action::Dispatched(attempt) => ActionView::Dispatched { attempt },
+            Action::Dispatched(attempt) => ActionView::Dispatched(attempt),
             Action::Resolved => ActionView::Resolved,
             Action::Unchanged => ActionView::Unchanged,
         },
@@ -263,17 +263,10 @@ pub(super) fn entry_view(e: HistoryEntry) -> EntryView {
     }
 }
 
-/// A signal's causes in words, joined with ", " ("account enabled, hold ended"): the text
-/// the admin API and `pooler retry explain` show.
-pub(super) fn causes_words(causes: &[ChangeCause]) -> String {
-    let words: Vec<&str> = causes.iter().map(|c| cause_words(*c)).collect();
-    words.join(", ")
-}
-
-/// One change cause in words: the plugins' kit's words, which Provider Retry's history
-/// reads back.
-fn cause_words(c: ChangeCause) -> &'static str {
-    use pooler_plugin_kit::cause::ChangeCause as K;
+/// A change cause as the kit names it, whose words the admin API and `pooler retry
+/// explain` show.
+pub(super) fn change_cause(c: ChangeCause) -> wire::ChangeCause {
+    use wire::ChangeCause as K;
     match c {
         ChangeCause::AccountAdded => K::AccountAdded,
         ChangeCause::AccountEnabled => K::AccountEnabled,
@@ -289,32 +282,28 @@ fn cause_words(c: ChangeCause) -> &'static str {
         ChangeCause::LaterResetObserved => K::LaterResetObserved,
         ChangeCause::ResetPassed => K::ResetPassed,
     }
-    .words()
 }
 
 pub(super) fn availability_view(a: Availability) -> AvailabilityView {
+    use wire::{BlockCause as C, UnavailableReason as R};
     match a {
         Availability::NotRouted => AvailabilityView::NotRouted,
         Availability::Ready => AvailabilityView::Ready,
         Availability::Blocked(b) => AvailabilityView::Blocked {
             retry_at: b.retry_at,
             cause: match b.cause {
-                BlockCause::QuotaExhausted => "quota-exhausted",
-                BlockCause::FamilyQuotaExhausted => "family-quota-exhausted",
-                BlockCause::Held => "held",
-                BlockCause::UsageRestricted => "usage-restricted",
-            }
-            .to_owned(),
+                BlockCause::QuotaExhausted => C::QuotaExhausted,
+                BlockCause::FamilyQuotaExhausted => C::FamilyQuotaExhausted,
+                BlockCause::Held => C::Held,
+                BlockCause::UsageRestricted => C::UsageRestricted,
+            },
         },
-        Availability::Unavailable(r) => AvailabilityView::Unavailable {
-            reason: match r {
-                UnavailableReason::NoEnabledAccount => "no-enabled-account",
-                UnavailableReason::Authentication => "authentication",
-                UnavailableReason::ResetUnknown => "reset-unknown",
-                UnavailableReason::SourceUnavailable => "source-unavailable",
-            }
-            .to_owned(),
-        },
+        Availability::Unavailable(r) => AvailabilityView::Unavailable(match r {
+            UnavailableReason::NoEnabledAccount => R::NoEnabledAccount,
+            UnavailableReason::Authentication => R::Authentication,
+            UnavailableReason::ResetUnknown => R::ResetUnknown,
+            UnavailableReason::SourceUnavailable => R::SourceUnavailable,
+        }),
     }
 }
 

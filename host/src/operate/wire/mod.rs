@@ -1,13 +1,15 @@
 //! The admin API on the wire: what the server ([`crate::operate::admin`]) and its client, the
 //! `pooler` command line ([`crate::cli`]), both speak — the path prefix, the token file, the
 //! origin header, path-segment percent-encoding and every JSON view. The server converts
-//! plugin records into these views; the CLI reads them. Neither end owns them, so the CLI
-//! is a pure client of this module and the server never depends on its client.
+//! the plugins' answers into these views; the CLI reads them. Neither end owns them, so the
+//! CLI is a pure client of this module and the server never depends on its client. Where a
+//! plugin has a plain-Rust record of its own (accounts, routes, sessions, settings, retry
+//! candidates and histories), the view is that record, defined once in the plugins' kit;
+//! the rest (tokens, the overview, the core's threads) are defined here.
 //!
 //! Conventions: timestamps are unix epoch milliseconds (UTC); field names are `snake_case`;
-//! enum values are the WIT case names. The Provider Retry views mirror the WIT records of
-//! `wit/retry-admin.wit` one to one, each variant as an object whose `kind` is the case name
-//! (`{"kind": "rescheduled", "from": …, "to": …}`).
+//! enum values are the WIT case names; a variant with fields is an object whose `kind` is
+//! the case name (`{"kind": "rescheduled", "from": …, "to": …}`).
 
 pub mod overview;
 
@@ -102,111 +104,17 @@ pub use pooler_plugin_kit::settings::Setting as SettingView;
 /// Retry's own record (the plugins' kit's). `state` is `scheduled` or `watching`.
 pub use pooler_plugin_kit::retry_admin::{Candidate as CandidateView, CandidateState};
 
-/// What set off an entry of the history.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum TriggerView {
-    /// A `turn-failed` event.
-    Failure,
-    /// An `availability-changed` signal; `causes` lists what changed in words, joined
-    /// with ", " ("account enabled, hold ended"); empty when the plugin sent none.
-    Signal {
-        /// The causes in words, joined with ", "; empty when the plugin sent none.
-        causes: String,
-    },
-    /// `on-start`.
-    Start,
-    /// `on-tick`.
-    Tick,
-    /// `before-dispatch` of the due row.
-    Due,
-    /// A person (cancel, send-now).
-    Person,
-    /// The turn was dispatched by the core (seen on the next event).
-    Dispatch,
-}
-
-/// What was done.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum ActionView {
-    /// A row was created for this send time.
-    Scheduled {
-        /// The send time. Epoch milliseconds.
-        at: u64,
-    },
-    /// The row moved from one send time to another.
-    Rescheduled {
-        /// The old send time. Epoch milliseconds.
-        from: u64,
-        /// The new send time. Epoch milliseconds.
-        to: u64,
-    },
-    /// Declined for now, kept open.
-    Watching,
-    /// Declined for good.
-    Declined,
-    /// The row was removed without dispatch.
-    Dropped,
-    /// The row was (or will be) dispatched as this attempt.
-    Dispatched {
-        /// The attempt number the dispatch carries (1 is the original request).
-        attempt: u32,
-    },
-    /// The candidate was closed (succeeded, stale, expired, cancelled).
-    Resolved,
-    /// Nothing changed (the decision stands).
-    Unchanged,
-}
-
-/// The pool's availability as the plugin saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum AvailabilityView {
-    /// The pool does not route the thread.
-    NotRouted,
-    /// The pool would serve now.
-    Ready,
-    /// Nothing serves before `retry_at`; `cause` is the WIT `block-cause` name.
-    Blocked {
-        /// When something may serve again. Epoch milliseconds.
-        retry_at: u64,
-        /// The WIT `block-cause` case name.
-        cause: String,
-    },
-    /// Nothing serves and the pool cannot say when; `reason` is the WIT
-    /// `unavailable-reason` name.
-    Unavailable {
-        /// The WIT `unavailable-reason` case name.
-        reason: String,
-    },
-}
-
-/// One entry of a chain's history.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EntryView {
-    /// When the entry was recorded (host time). Epoch milliseconds.
-    pub at: u64,
-    /// What set off the evaluation that produced the entry.
-    pub trigger: TriggerView,
-    /// The availability the plugin saw, when it asked.
-    pub availability: Option<AvailabilityView>,
-    /// What the plugin did as a result.
-    pub action: ActionView,
-    /// The reason, in the plugin's stable words (`rate-limited`, `stale: newer request`, …).
-    pub reason: String,
-}
-
-/// The history of one chain, oldest entry first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChainView {
-    /// The thread the chain belongs to.
-    pub thread: String,
-    /// The chain's original request (attempt 1): identifies the chain within the thread.
-    pub original_request: String,
-    /// The entries, oldest first (the plugin keeps the last 50).
-    pub entries: Vec<EntryView>,
-}
+/// A chain's history (oldest entry first), each entry's trigger, action and the pool's
+/// availability as the plugin saw it: Provider Retry's own records (the plugins' kit's),
+/// each variant an object whose `kind` is the case name; a signal's `causes` in words,
+/// joined with ", " ("account enabled, hold ended").
+pub use pooler_plugin_kit::availability::Availability as AvailabilityView;
+pub use pooler_plugin_kit::availability::{BlockCause, UnavailableReason};
+pub use pooler_plugin_kit::cause::ChangeCause;
+pub use pooler_plugin_kit::retry_admin::{
+    Action as ActionView, ChainHistory as ChainView, HistoryEntry as EntryView,
+    Trigger as TriggerView,
+};
 
 // Tokens (`/_pooler/tokens`, the overview, `GET /threads/{id}`).
 
