@@ -1,6 +1,8 @@
 //! HTTP/1.1 on a bare socket, for what a well-behaved client or server never sends: a
 //! `CONNECT` to the pool, a body that trickles or a head too large for the listener, and an
 //! upstream that answers `101 Switching Protocols` to a plain `POST`.
+//! [`blocking`] has the same on plain threads, for the tests that drive a `pooler serve`
+//! process: raw-socket fake upstreams and one-shot requests.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -149,4 +151,178 @@ async fn read_request(stream: &mut TcpStream) -> bool {
         }
     }
     true
+}
+
+/// The same on blocking sockets, for the tests that drive a real `pooler serve` process from
+/// plain threads: a raw-socket fake upstream that reads whole requests and refuses what the
+/// real Anthropic API refuses, and a one-shot HTTP/1.1 request.
+pub mod blocking {
+    use std::io::{BufRead, BufReader, Write};
+    use std::time::Duration;
+
+    /// The refusal the real Anthropic API would give a request a raw-socket fake received (the
+    /// strict rules of `pooler_tests::provider`), as HTTP/1.1 bytes; `None` when it would serve
+    /// it. The fakes of these tests answer with it instead of their own reply.
+    pub fn claude_refusal(
+        method: &str,
+        path: &str,
+        headers: &std::collections::HashMap<String, String>,
+        body: &[u8],
+    ) -> Option<Vec<u8>> {
+        let received = crate::upstream::Received {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect(),
+            body: body.to_vec().into(),
+        };
+        crate::provider::refusal(crate::provider::Contract::Api, &received)
+            .map(|reply| reply.to_http1())
+    }
+
+    /// The body of a request a raw-socket fake is reading, after its head: `content-length`
+    /// bytes, or the chunks of a `transfer-encoding: chunked` body (how the pool's wasi:http
+    /// requests arrive). `None` when the connection ends first.
+    pub fn read_body(
+        reader: &mut impl std::io::BufRead,
+        headers: &std::collections::HashMap<String, String>,
+    ) -> Option<Vec<u8>> {
+        let chunked = headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+        if !chunked {
+            let length = headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).ok()?;
+            return Some(body);
+        }
+        let mut body = Vec::new();
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).ok()?;
+            let size = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).ok()?;
+            if size == 0 {
+                return Some(body);
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    }
+
+    /// One request a raw-socket fake upstream read: the request line's method and path, the
+    /// headers (names lower-cased) and the whole body ([`read_body`]).
+    pub struct RawRequest {
+        pub method: String,
+        pub path: String,
+        pub headers: std::collections::HashMap<String, String>,
+        pub body: Vec<u8>,
+    }
+
+    /// Read one request from a fake upstream's connection; `None` when the connection ends
+    /// before the request does.
+    pub fn read_request(reader: &mut impl BufRead) -> Option<RawRequest> {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let mut words = line.split_whitespace();
+        let method = words.next().unwrap_or("").to_owned();
+        let path = words.next().unwrap_or("").to_owned();
+        let mut headers = std::collections::HashMap::new();
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return None;
+            }
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+            }
+        }
+        let body = read_body(reader, &headers)?;
+        Some(RawRequest {
+            method,
+            path,
+            headers,
+            body,
+        })
+    }
+
+    /// One HTTP/1.1 request over a plain socket (`Connection: close`); the status and the body.
+    pub fn http(
+        addr: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, String) {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut request =
+            format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut response).unwrap();
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// A fake Messages API on loopback that refuses what the real one refuses
+    /// ([`claude_refusal`]) and answers every other request 429 with `Retry-After: 3600`. Its
+    /// URL, and how many requests got the 429.
+    pub fn rate_limited_claude() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let limited = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = limited.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let Some(r) = read_request(&mut reader) else {
+                        return;
+                    };
+                    if let Some(refusal) = claude_refusal(&r.method, &r.path, &r.headers, &r.body) {
+                        let _ = stream.write_all(&refusal);
+                        return;
+                    }
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+                         retry-after: 3600\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                });
+            }
+        });
+        (url, limited)
+    }
 }
