@@ -2,9 +2,15 @@
 //!
 //! A plugin's logic never touches WIT types. It reads and writes its state through [`Db`],
 //! which the component implements over the `pooler:plugins/sqlite` import and native tests
-//! implement over rusqlite ([`NativeDb`], feature `native`), so the same SQL runs in both.
+//! implement over rusqlite (`NativeDb`, feature `native`), so the same SQL runs in both.
 //! It logs through [`Log`] ([`log`]) and reports counters and histograms through
 //! [`Metrics`] ([`metrics`]). Time arithmetic on epoch milliseconds saturates ([`time`]).
+//!
+//! The contract's records that more than one side uses are defined here once, in plain Rust
+//! with serde behind feature `serde`: the pool's availability ([`availability`], [`cause`]),
+//! the core's threads, turns and failures ([`turns`]), and what the admin API shows of the
+//! plugins ([`admin`], [`retry_admin`], [`settings`]). [`ratelimit`] is the one reading of
+//! the providers' rate-limit headers, for the core's snapshots and the pool's quota.
 //!
 //! With feature `component` (wasm32 builds of a plugin) the kit also holds the guest
 //! adapters every plugin needs over the shared imports: `component::WitDb`,
