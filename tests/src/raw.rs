@@ -158,6 +158,9 @@ async fn read_request(stream: &mut TcpStream) -> bool {
 /// real Anthropic API refuses, and a one-shot HTTP/1.1 request.
 pub mod blocking {
     use std::io::{BufRead, BufReader, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     /// The refusal the real Anthropic API would give a request a raw-socket fake received (the
@@ -293,36 +296,60 @@ pub mod blocking {
     /// A fake Messages API on loopback that refuses what the real one refuses
     /// ([`claude_refusal`]) and answers every other request 429 with `Retry-After: 3600`. Its
     /// URL, and how many requests got the 429.
-    pub fn rate_limited_claude() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let limited = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    pub fn rate_limited_claude() -> (String, Arc<AtomicUsize>) {
+        let limited = Arc::new(AtomicUsize::new(0));
         let count = limited.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let count = count.clone();
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let Some(r) = read_request(&mut reader) else {
-                        return;
-                    };
-                    if let Some(refusal) = claude_refusal(&r.method, &r.path, &r.headers, &r.body) {
-                        let _ = stream.write_all(&refusal);
-                        return;
-                    }
-                    count.fetch_add(1, Ordering::SeqCst);
-                    let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
-                         retry-after: 3600\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                        answer.len()
-                    );
-                });
-            }
+        let url = strict_claude(move |_, stream| {
+            count.fetch_add(1, Ordering::SeqCst);
+            write_rate_limited(stream);
         });
         (url, limited)
+    }
+
+    /// The real API's answer to a request over the per-minute limit: 429 with `Retry-After:
+    /// 3600`, and the connection closed.
+    pub fn write_rate_limited(stream: &mut impl Write) {
+        let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
+        let _ = write!(
+            stream,
+            "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+             retry-after: 3600\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+            answer.len()
+        );
+    }
+
+    /// A loopback listener that hands every connection to `handle`, each on a thread of its
+    /// own; its URL (`http://127.0.0.1:PORT`).
+    pub fn serve_each(handle: impl Fn(TcpStream) + Send + Sync + 'static) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let handle = Arc::new(handle);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let handle = handle.clone();
+                std::thread::spawn(move || handle(stream));
+            }
+        });
+        url
+    }
+
+    /// A raw fake Messages API on loopback: each request is read whole and refused as the
+    /// real API would refuse it ([`claude_refusal`]); `answer` writes the answer to every
+    /// other one. Its URL.
+    pub fn strict_claude(
+        answer: impl Fn(RawRequest, &mut TcpStream) + Send + Sync + 'static,
+    ) -> String {
+        serve_each(move |mut stream| {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let Some(r) = read_request(&mut reader) else {
+                return;
+            };
+            if let Some(refusal) = claude_refusal(&r.method, &r.path, &r.headers, &r.body) {
+                let _ = stream.write_all(&refusal);
+                return;
+            }
+            answer(r, &mut stream);
+        })
     }
 }

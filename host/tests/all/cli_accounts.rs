@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,18 +54,9 @@ struct Fake {
 
 impl Fake {
     fn start(handler: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = seen.clone();
-        let handler: Arc<Handler> = Arc::new(handler);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let (record, handler) = (record.clone(), handler.clone());
-                std::thread::spawn(move || serve(stream, &record, &*handler));
-            }
-        });
+        let url = support::serve_each(move |stream| serve(stream, &record, &handler));
         Fake { url, seen }
     }
 

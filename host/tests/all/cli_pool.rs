@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
@@ -36,17 +36,9 @@ struct Upstream {
 
 impl Upstream {
     fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = seen.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let record = record.clone();
-                std::thread::spawn(move || serve_one(stream, &record));
-            }
-        });
+        let url = support::serve_each(move |stream| serve_one(stream, &record));
         Upstream { url, seen }
     }
 

@@ -17,7 +17,7 @@
 use crate::support;
 
 use std::io::{BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
@@ -154,19 +154,11 @@ struct StallingClaude {
 
 impl StallingClaude {
     fn start() -> StallingClaude {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let (tell, mid_stream) = mpsc::channel();
         let seen = bodies.clone();
         let reset_s = now_ms() / 1000 + 3 * 3600;
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let (seen, tell) = (seen.clone(), tell.clone());
-                std::thread::spawn(move || answer(stream, &seen, &tell, reset_s));
-            }
-        });
+        let url = support::serve_each(move |stream| answer(stream, &seen, &tell, reset_s));
         StallingClaude {
             url,
             bodies,
@@ -527,19 +519,11 @@ struct StallingTokens {
 
 impl StallingTokens {
     fn start() -> StallingTokens {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let grants = Arc::new(Mutex::new(Vec::new()));
         let bearers = Arc::new(Mutex::new(Vec::new()));
         let (tell, stalled) = mpsc::channel();
         let (g, b) = (grants.clone(), bearers.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let (g, b, tell) = (g.clone(), b.clone(), tell.clone());
-                std::thread::spawn(move || token_or_message(stream, &g, &b, &tell));
-            }
-        });
+        let url = support::serve_each(move |stream| token_or_message(stream, &g, &b, &tell));
         StallingTokens {
             url,
             grants,
@@ -727,40 +711,16 @@ const SPARE_KEY: &str = "sk-ant-api03-spare-secret-SPR2";
 /// and any other key with a whole streamed answer; the keys of the model requests it
 /// answered, in order.
 fn keyed_claude() -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let keys = Arc::new(Mutex::new(Vec::new()));
     let seen = keys.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let Some(r) = support::read_request(&mut reader) else {
-                    return;
-                };
-                if let Some(refusal) =
-                    support::claude_refusal(&r.method, &r.path, &r.headers, &r.body)
-                {
-                    let _ = stream.write_all(&refusal);
-                    return;
-                }
-                let key = r.headers.get("x-api-key").cloned().unwrap_or_default();
-                seen.lock().unwrap().push(key.clone());
-                if key == LIMITED_KEY {
-                    let answer = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
-                         retry-after: 3600\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                        answer.len()
-                    );
-                } else {
-                    let reply = pooler_tests::provider::claude::message("served");
-                    let _ = stream.write_all(&reply.to_http1());
-                }
-            });
+    let url = support::strict_claude(move |r, stream| {
+        let key = r.headers.get("x-api-key").cloned().unwrap_or_default();
+        seen.lock().unwrap().push(key.clone());
+        if key == LIMITED_KEY {
+            support::write_rate_limited(stream);
+        } else {
+            let reply = pooler_tests::provider::claude::message("served");
+            let _ = stream.write_all(&reply.to_http1());
         }
     });
     (url, keys)

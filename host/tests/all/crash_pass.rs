@@ -36,8 +36,7 @@
 use crate::support;
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -79,33 +78,13 @@ fn now_ms() -> u64 {
 /// unified headers of a rejected five-hour window that resets at `reset_ms`; how many
 /// model requests it answered.
 fn limited_claude(reset_ms: u64) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let count = Arc::new(AtomicUsize::new(0));
     let seen = count.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let Some(r) = support::read_request(&mut reader) else {
-                    return;
-                };
-                if let Some(refusal) =
-                    support::claude_refusal(&r.method, &r.path, &r.headers, &r.body)
-                {
-                    let _ = stream.write_all(&refusal);
-                    return;
-                }
-                seen.fetch_add(1, Ordering::SeqCst);
-                let reply = pooler_tests::pool::reply(
-                    429,
-                    &pooler_tests::pool::five_hour_rejected(Some(reset_ms)),
-                );
-                let _ = stream.write_all(&reply.to_http1());
-            });
-        }
+    let url = support::strict_claude(move |_, stream| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let reply =
+            pooler_tests::pool::reply(429, &pooler_tests::pool::five_hour_rejected(Some(reset_ms)));
+        let _ = stream.write_all(&reply.to_http1());
     });
     (url, count)
 }
