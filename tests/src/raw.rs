@@ -159,8 +159,8 @@ async fn read_request(stream: &mut TcpStream) -> bool {
 pub mod blocking {
     use std::io::{BufRead, BufReader, Write};
     use std::net::{TcpListener, TcpStream};
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     /// The refusal the real Anthropic API would give a request a raw-socket fake received (the
@@ -220,6 +220,7 @@ pub mod blocking {
 
     /// One request a raw-socket fake upstream read: the request line's method and path, the
     /// headers (names lower-cased) and the whole body ([`read_body`]).
+    #[derive(Debug, Clone)]
     pub struct RawRequest {
         pub method: String,
         pub path: String,
@@ -332,6 +333,30 @@ pub mod blocking {
             }
         });
         url
+    }
+
+    /// A loopback receiver (a webhook's, say) that takes one connection at a time, keeps each
+    /// request it reads whole and answers it `status` with no body; its URL and the requests
+    /// so far.
+    pub fn receiver(status: u16) -> (String, Arc<Mutex<Vec<RawRequest>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let keep = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                if let Some(request) = read_request(&mut reader) {
+                    keep.lock().unwrap().push(request);
+                }
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+            }
+        });
+        (url, seen)
     }
 
     /// A raw fake Messages API on loopback: each request is read whole and refused as the

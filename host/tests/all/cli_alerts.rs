@@ -5,10 +5,7 @@
 
 #![cfg(unix)]
 
-use std::io::{BufReader, Write};
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
-use std::sync::{Arc, Mutex};
 
 use crate::support;
 use support::Served;
@@ -16,34 +13,9 @@ use support::Served;
 const HOOK_PATH: &str = "/hook/T0CLISECRET99";
 
 /// Each request a receiver got: its path and body.
-type Seen = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
-
-/// A loopback receiver answering `status` to every request; keeps each request's path and
-/// body.
-fn receiver(status: u16) -> (String, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let keep = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            if let Some(req) = support::read_request(&mut reader) {
-                keep.lock().unwrap().push((req.path, req.body));
-            }
-            let _ = write!(
-                stream,
-                "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-            );
-        }
-    });
-    (url, seen)
-}
-
 #[test]
 fn alerts_test_sends_through_the_webhook_and_the_command_and_says_what_failed() {
-    let (url, seen) = receiver(200);
+    let (url, seen) = support::receiver(200);
     let dir = tempfile::tempdir().unwrap();
     let args = dir.path().join("args");
     let program = dir.path().join("notify");
@@ -64,8 +36,8 @@ fn alerts_test_sends_through_the_webhook_and_the_command_and_says_what_failed() 
     assert!(!out.contains("T0CLISECRET99"), "{out}");
     let got = seen.lock().unwrap().clone();
     assert_eq!(got.len(), 1);
-    assert_eq!(got[0].0, HOOK_PATH);
-    let doc: serde_json::Value = serde_json::from_slice(&got[0].1).unwrap();
+    assert_eq!(got[0].path, HOOK_PATH);
+    let doc: serde_json::Value = serde_json::from_slice(&got[0].body).unwrap();
     assert_eq!(doc["alerts"][0]["kind"], "test");
     assert_eq!(
         std::fs::read_to_string(&args).unwrap(),
@@ -96,7 +68,7 @@ fn alerts_test_sends_through_the_webhook_and_the_command_and_says_what_failed() 
 
 #[test]
 fn alerts_test_exits_1_when_the_receiver_fails() {
-    let (url, seen) = receiver(500);
+    let (url, seen) = support::receiver(500);
     let served = Served::start_with(&format!("[alerts]\nwebhook = \"{url}{HOOK_PATH}\"\n"));
     let out = served.fails(&["alerts", "test"], 1);
     assert!(

@@ -15,7 +15,7 @@
 #![cfg(unix)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -71,15 +71,7 @@ fn leaked<'a>(haystack: &str, secrets: &'a [String]) -> Option<(&'a str, String)
 /// `KEY_ECHO` 400, `KEY_BAD` and `ACCESS_OLD` 401 (each error echoing the credential it
 /// was sent); `POST /v1/oauth/token` with `REFRESH_OLD` gives `ACCESS_NEW` / `REFRESH_NEW`.
 fn start_upstream() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            std::thread::spawn(move || serve_one(stream));
-        }
-    });
-    url
+    support::serve_each(serve_one)
 }
 
 fn serve_one(stream: TcpStream) {
@@ -151,28 +143,6 @@ fn serve_one(stream: TcpStream) {
         ),
         _ => answer(&mut stream, 401, &auth_error),
     }
-}
-
-/// A webhook receiver on 127.0.0.1 answering 200: keeps each body it is sent.
-fn start_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let keep = bodies.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            if let Some(req) = support::read_request(&mut reader) {
-                keep.lock().unwrap().push(text(&req.body));
-            }
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-            );
-        }
-    });
-    (url, bodies)
 }
 
 /// A `pooler serve` logging JSON at trace level to a file.
@@ -367,7 +337,7 @@ fn disable(server: &Server, outputs: &mut Outputs, id: &str) {
 #[test]
 fn no_secret_is_ever_logged_or_printed_on_any_path() {
     let upstream = start_upstream();
-    let (hook, hook_bodies) = start_receiver();
+    let (hook, hook_requests) = support::receiver(200);
     let server = Server::start(|dir| {
         // The alert command records its arguments and environment.
         let program = dir.join("notify");
@@ -510,20 +480,23 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         outputs.keep(&args.join(" "), &out);
     }
     let started = Instant::now();
-    while !hook_bodies
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|b| b.contains("account-error"))
-    {
+    let hook_bodies = || -> Vec<String> {
+        hook_requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| text(&r.body))
+            .collect()
+    };
+    while !hook_bodies().iter().any(|b| b.contains("account-error")) {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "no account-error alert at the webhook: {:?}",
-            hook_bodies.lock().unwrap()
+            hook_bodies()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let alerted = hook_bodies.lock().unwrap().join("\n");
+    let alerted = hook_bodies().join("\n");
     assert!(
         alerted.contains("invalid x-api-key [redacted]"),
         "{alerted}"

@@ -334,8 +334,8 @@ impl Drop for Served {
 /// The blocking raw-socket helpers the fakes and requests of these tests use: the shared
 /// test support's, which every test crate reaches.
 pub use pooler_tests::raw::blocking::{
-    RawRequest, claude_refusal, http, rate_limited_claude, read_request, serve_each, strict_claude,
-    write_rate_limited,
+    RawRequest, claude_refusal, http, rate_limited_claude, read_request, receiver, serve_each,
+    strict_claude, write_rate_limited,
 };
 
 /// Every SQLite database under `data` (the core's `core.sqlite3` and each plugin's, under
