@@ -647,26 +647,7 @@ fn open_route(served: &Served, thread: &str, provider: &str) -> String {
 }
 
 fn add_key(served: &Served, key: &str, label: &str, priority: &str) -> String {
-    let out = served.pooler_with(
-        &[
-            "account",
-            "add",
-            "--provider",
-            "claude",
-            "--api-key",
-            "-",
-            "--label",
-            label,
-            "--priority",
-            priority,
-            "--json",
-        ],
-        &[],
-        Some(key),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["account"]["id"].as_str().unwrap().to_owned()
+    support::add_api_key_with(served, key, label, &["--priority", priority])
 }
 
 #[test]

@@ -439,21 +439,24 @@ pub fn databases_intact(data: &std::path::Path) {
 /// Add a Claude API-key account labelled `label` through `pooler account add` (the key on
 /// standard input); its id.
 pub fn add_api_key(served: &Served, key: &str, label: &str) -> String {
-    let out = served.pooler_with(
-        &[
-            "account",
-            "add",
-            "--provider",
-            "claude",
-            "--api-key",
-            "-",
-            "--label",
-            label,
-            "--json",
-        ],
-        &[],
-        Some(key),
-    );
+    add_api_key_with(served, key, label, &[])
+}
+
+/// [`add_api_key`] with more arguments to `pooler account add` (`--priority 3`, say).
+pub fn add_api_key_with(served: &Served, key: &str, label: &str, more: &[&str]) -> String {
+    let mut args = vec![
+        "account",
+        "add",
+        "--provider",
+        "claude",
+        "--api-key",
+        "-",
+        "--label",
+        label,
+        "--json",
+    ];
+    args.extend_from_slice(more);
+    let out = served.pooler_with(&args, &[], Some(key));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["account"]["id"].as_str().unwrap().to_owned()
