@@ -131,7 +131,7 @@ fn codex_snapshot(headers: &Hyper<'_>, now: Timestamp) -> Option<RateLimitSnapsh
     let windows: Vec<LimitWindow> = ratelimit::codex_windows(headers, now)
         .into_iter()
         .map(|w| {
-            let status = if w.over_limit == Some(true) || w.utilization.is_some_and(|u| u >= 1.0) {
+            let status = if w.is_spent() {
                 LimitStatus::Blocked
             } else if w.utilization.is_some() {
                 LimitStatus::Allowed

@@ -393,7 +393,7 @@ pub fn parse_codex_headers(headers: &Headers, now: u64) -> Observation {
         if w.utilization.is_none() && w.resets_at.is_none() && w.over_limit.is_none() {
             continue;
         }
-        let rejected = w.over_limit == Some(true) || w.utilization.is_some_and(|u| u >= 1.0);
+        let rejected = w.is_spent();
         obs.windows.push(Window {
             name: w.slot.to_owned(),
             family: None,

@@ -150,6 +150,14 @@ pub struct CodexWindow {
     pub over_limit: Option<bool>,
 }
 
+impl CodexWindow {
+    /// Whether the window refuses: the upstream says it is over its limit, or it is fully
+    /// used.
+    pub fn is_spent(&self) -> bool {
+        self.over_limit == Some(true) || self.utilization.is_some_and(|u| u >= 1.0)
+    }
+}
+
 /// Reads Codex's window headers: a slot is present when any of its headers says something
 /// readable.
 pub fn codex_windows<H: HeaderSource + ?Sized>(headers: &H, now: u64) -> Vec<CodexWindow> {
