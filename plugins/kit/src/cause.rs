@@ -77,6 +77,11 @@ impl ChangeCause {
         }
     }
 
+    /// The cause these words stand for (exactly as [`ChangeCause::words`] writes them).
+    pub fn from_words(words: &str) -> Option<ChangeCause> {
+        Self::ALL.into_iter().find(|c| c.words() == words)
+    }
+
     /// The cause a stable name stands for (exactly as [`ChangeCause::name`] writes it).
     pub fn parse(s: &str) -> Option<ChangeCause> {
         Self::ALL.into_iter().find(|c| c.name() == s)

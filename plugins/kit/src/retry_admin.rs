@@ -171,9 +171,7 @@ mod wire {
                     causes
                         .split(", ")
                         .map(|w| {
-                            ChangeCause::ALL
-                                .into_iter()
-                                .find(|c| c.words() == w)
+                            ChangeCause::from_words(w)
                                 .ok_or_else(|| format!("no change cause reads {w:?}"))
                         })
                         .collect::<Result<_, _>>()?,

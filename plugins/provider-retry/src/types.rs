@@ -23,7 +23,7 @@ pub use pooler_plugin_kit::cause::ChangeCause;
 /// history stored a signal's causes as their words, joined with ", ", before it stored
 /// names).
 pub fn stored_cause(s: &str) -> Option<ChangeCause> {
-    ChangeCause::parse(s).or_else(|| ChangeCause::ALL.into_iter().find(|c| c.words() == s))
+    ChangeCause::parse(s).or_else(|| ChangeCause::from_words(s))
 }
 
 /// The pool's availability answer and its change signal: the kit's, shared with the pool.
