@@ -14,16 +14,15 @@
 
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::support;
-use support::text;
+use support::{Served, text};
 
 // The secret part of each is after its provider prefix (what every Claude key shares).
 const KEY_OK: &str = "sk-ant-api03-Qz7xK2pL9mW4vN8rOKOK";
@@ -145,108 +144,6 @@ fn serve_one(stream: TcpStream) {
     }
 }
 
-/// A `pooler serve` logging JSON at trace level to a file.
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    data: PathBuf,
-    url: String,
-    log: PathBuf,
-    stdout: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Server {
-    fn start(extra: impl FnOnce(&std::path::Path) -> String) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let config = dir.path().join("pooler.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[plugins.account-pool]\ncomponent = \"embedded\"\n{}",
-                extra(dir.path())
-            ),
-        )
-        .unwrap();
-        let log = dir.path().join("serve.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pooler"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(&data)
-            // Everything of the host, the core and the plugins at trace; the libraries at
-            // debug (hyper, wasmtime-wasi-http), but not the compiler's own trace (gigabytes).
-            .args(["--log-format", "json", "--log-level", LOG_FILTER])
-            .env_remove("POOLER_DATA_DIR")
-            .env_remove("RUST_LOG")
-            // The tests' shared compile cache, not the user's.
-            .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
-        let url = first
-            .strip_prefix("pooler listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-            .to_string();
-        let stdout = std::sync::Arc::new(std::sync::Mutex::new(format!("{first}\n")));
-        let keep = stdout.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                keep.lock().unwrap().push_str(&format!("{line}\n"));
-            }
-        });
-        Server {
-            child,
-            dir,
-            data,
-            url,
-            log,
-            stdout,
-        }
-    }
-
-    fn pooler(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pooler"));
-        command
-            .args(args)
-            .env("POOLER_DATA_DIR", &self.data)
-            .env_remove("POOLER_API_KEY")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).unwrap();
-        }
-        drop(input);
-        child.wait_with_output().unwrap()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
-
-    fn addr(&self) -> &str {
-        self.url.strip_prefix("http://").unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = &self.dir;
-    }
-}
-
 fn messages(session: &str) -> String {
     serde_json::json!({
         "model": "claude-sonnet-4-5",
@@ -282,11 +179,11 @@ fn ok(out: &Output, what: &str) {
 
 /// Wait (a safety net, not a timer the test depends on) until the log has a line `pred`
 /// accepts.
-fn wait_for_line(server: &Server, pred: impl Fn(&Value) -> bool) -> Value {
+fn wait_for_line(server: &Served, pred: impl Fn(&Value) -> bool) -> Value {
     let started = Instant::now();
     loop {
         if let Some(line) = server
-            .log_text()
+            .log()
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .find(|v| pred(v))
@@ -296,14 +193,14 @@ fn wait_for_line(server: &Server, pred: impl Fn(&Value) -> bool) -> Value {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "no such log line in {}",
-            server.log_text()
+            server.log()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-fn add_key(server: &Server, outputs: &mut Outputs, key: &str, label: &str) -> String {
-    let out = server.pooler(
+fn add_key(server: &Served, outputs: &mut Outputs, key: &str, label: &str) -> String {
+    let out = server.pooler_with(
         &[
             "account",
             "add",
@@ -328,8 +225,8 @@ fn add_key(server: &Server, outputs: &mut Outputs, key: &str, label: &str) -> St
         .to_owned()
 }
 
-fn disable(server: &Server, outputs: &mut Outputs, id: &str) {
-    let out = server.pooler(&["account", "disable", id], &[], None);
+fn disable(server: &Served, outputs: &mut Outputs, id: &str) {
+    let out = server.pooler_with(&["account", "disable", id], &[], None);
     ok(&out, "account disable");
     outputs.keep("account disable", &out);
 }
@@ -338,7 +235,9 @@ fn disable(server: &Server, outputs: &mut Outputs, id: &str) {
 fn no_secret_is_ever_logged_or_printed_on_any_path() {
     let upstream = start_upstream();
     let (hook, hook_requests) = support::receiver(200);
-    let server = Server::start(|dir| {
+    let dir = tempfile::tempdir().unwrap();
+    let alerts = {
+        let dir = dir.path();
         // The alert command records its arguments and environment.
         let program = dir.join("notify");
         std::fs::write(
@@ -358,7 +257,14 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
             "[alerts]\nwebhook = \"{hook}{HOOK_PATH}\"\ncoalesce-s = 0\ncommand = [\"{}\", \"{{title}}\", \"{{body}}\", \"{{json}}\"]\n",
             program.display()
         )
-    });
+    };
+    // Everything of the host, the core and the plugins at trace; the libraries at debug
+    // (hyper, wasmtime-wasi-http), but not the compiler's own trace (gigabytes).
+    let server = Served::start_in_with_args(
+        dir,
+        &format!("[plugins.account-pool]\ncomponent = \"embedded\"\n{alerts}"),
+        &["--log-format", "json", "--log-level", LOG_FILTER],
+    );
     let mut outputs = Outputs::default();
     let admin_token = std::fs::read_to_string(server.data.join("admin-token")).unwrap();
 
@@ -369,13 +275,13 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
             format!("{upstream}/v1/oauth/token"),
         ),
     ] {
-        let out = server.pooler(&["config", "set", key, &value], &[], None);
+        let out = server.pooler_with(&["config", "set", key, &value], &[], None);
         ok(&out, "config set");
         outputs.keep("config set", &out);
     }
 
     // A route; its token is a secret everywhere but in `route open`'s own output.
-    let opened = server.pooler(
+    let opened = server.pooler_with(
         &[
             "route",
             "open",
@@ -415,7 +321,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     disable(&server, &mut outputs, &ok_id);
 
     // An OAuth account whose access token has expired: refreshed, then it serves.
-    let oauth_file = server.dir.path().join("login.json");
+    let oauth_file = server.dir().join("login.json");
     std::fs::write(
         &oauth_file,
         serde_json::json!({
@@ -426,7 +332,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         .to_string(),
     )
     .unwrap();
-    let out = server.pooler(
+    let out = server.pooler_with(
         &[
             "account",
             "add",
@@ -448,7 +354,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         .to_owned();
     let (status, body) = send("s-refresh");
     assert_eq!(status, 200, "the refreshed token serves: {body}");
-    let out = server.pooler(&["account", "refresh", &oauth_id], &[], None);
+    let out = server.pooler_with(&["account", "refresh", &oauth_id], &[], None);
     outputs.keep("account refresh", &out);
     disable(&server, &mut outputs, &oauth_id);
 
@@ -475,7 +381,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         vec!["alerts", "--json"],
         vec!["alerts", "test"],
     ] {
-        let out = server.pooler(&args, &[], None);
+        let out = server.pooler_with(&args, &[], None);
         ok(&out, "pooler alerts");
         outputs.keep(&args.join(" "), &out);
     }
@@ -571,7 +477,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         vec!["thread", "list"],
         vec!["retry", "status"],
     ] {
-        let out = server.pooler(&args, &[], None);
+        let out = server.pooler_with(&args, &[], None);
         outputs.keep(&args.join(" "), &out);
     }
     let shown: Value = serde_json::from_str(
@@ -600,7 +506,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     }
     // A command's own failure: a wrong token in the environment of a client (none is
     // read from there, but a mistaken user may try).
-    let out = server.pooler(&["account", "show", "no-such-account", "--json"], &[], None);
+    let out = server.pooler_with(&["account", "show", "no-such-account", "--json"], &[], None);
     outputs.keep("account show (missing)", &out);
 
     // Each refresh and each request left its lines: the per-request line with its fields as
@@ -633,19 +539,8 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     });
 
     // Stop the server: the log is complete.
-    let _ = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status();
-    let started = Instant::now();
-    let mut server = server;
-    while server.child.try_wait().unwrap().is_none() {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "pooler did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let log = server.log_text();
+    let server = server.terminate();
+    let log = server.log();
     assert!(log.lines().count() > 50, "a trace-level log: {log}");
     assert!(
         log.lines()
@@ -654,7 +549,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
     );
 
     let notified =
-        std::fs::read_to_string(server.dir.path().join("notified")).expect("the alert command ran");
+        std::fs::read_to_string(server.dir().join("notified")).expect("the alert command ran");
     assert!(notified.contains("POOLER_ALERT_KIND="), "{notified}");
     outputs.0.push((
         "the alert command's arguments and environment".into(),
@@ -681,7 +576,7 @@ fn no_secret_is_ever_logged_or_printed_on_any_path() {
         let line = log.lines().find(|l| l.contains(&piece)).unwrap_or_default();
         panic!("the log has a piece `{piece}` of secret `{secret}`: {line}");
     }
-    let serve_stdout = server.stdout.lock().unwrap().clone();
+    let serve_stdout = server.stdout();
     outputs
         .0
         .push(("pooler serve (stdout)".into(), serve_stdout));

@@ -9,6 +9,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -31,6 +32,10 @@ pub struct Served {
     pub url: String,
     /// Strings no command may ever print (secrets).
     secrets: Vec<String>,
+    /// Its arguments after `serve`'s own (`--log-format json`, …), kept for a restart.
+    args: Vec<String>,
+    /// What it printed on standard output, kept as it comes.
+    stdout: Arc<Mutex<String>>,
 }
 
 /// A `pooler serve` killed by [`Served::kill`]: its directory, kept for a restart.
@@ -40,12 +45,14 @@ pub struct Stopped {
     /// Its data directory.
     pub data: PathBuf,
     secrets: Vec<String>,
+    args: Vec<String>,
+    stdout: Arc<Mutex<String>>,
 }
 
 impl Stopped {
-    /// Start `pooler serve` again on the same configuration and data directory.
+    /// Start `pooler serve` again on the same configuration, data directory and arguments.
     pub fn restart(self) -> Served {
-        let mut served = Served::launch(self.dir, self.config);
+        let mut served = Served::launch_with(self.dir, self.config, None, self.args);
         served.secrets = self.secrets;
         served
     }
@@ -53,6 +60,19 @@ impl Stopped {
     /// The directory the configuration and the data directory are in.
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
+    }
+
+    /// What the server wrote to standard error (all its runs in this directory).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
+
+    /// What the server printed on standard output (this run).
+    pub fn stdout(&self) -> String {
+        self.stdout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -73,9 +93,16 @@ impl Served {
     /// directory is `dir/data` (a test may have prepared it), standard error goes to
     /// `dir/serve.log`.
     pub fn start_in(dir: tempfile::TempDir, config: &str) -> Served {
+        Served::start_in_with_args(dir, config, &[])
+    }
+
+    /// [`Served::start_in`] with more arguments to `pooler serve` (e.g. its log format and
+    /// level).
+    pub fn start_in_with_args(dir: tempfile::TempDir, config: &str, args: &[&str]) -> Served {
         let path = dir.path().join("pooler.toml");
         std::fs::write(&path, config).unwrap();
-        Served::launch(dir, path)
+        let args = args.iter().map(|a| a.to_string()).collect();
+        Served::launch_with(dir, path, None, args)
     }
 
     /// [`Served::start_with`] under `umask` (octal, as the shell's `umask` takes it): the
@@ -88,14 +115,15 @@ impl Served {
             format!("[plugins.account-pool]\ncomponent = \"embedded\"\n{config_extra}\n"),
         )
         .unwrap();
-        Served::launch_with(dir, config, Some(umask))
+        Served::launch_with(dir, config, Some(umask), Vec::new())
     }
 
-    fn launch(dir: tempfile::TempDir, config: PathBuf) -> Served {
-        Served::launch_with(dir, config, None)
-    }
-
-    fn launch_with(dir: tempfile::TempDir, config: PathBuf, umask: Option<&str>) -> Served {
+    fn launch_with(
+        dir: tempfile::TempDir,
+        config: PathBuf,
+        umask: Option<&str>,
+        args: Vec<String>,
+    ) -> Served {
         let data = dir.path().join("data");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -117,7 +145,9 @@ impl Served {
             .arg(&config)
             .arg("--data-dir")
             .arg(&data)
+            .args(&args)
             .env_remove("POOLER_DATA_DIR")
+            .env_remove("RUST_LOG")
             // The tests' shared compile cache, not the user's.
             .env("POOLER_CACHE_DIR", pooler_tests::fixtures::COMPILE_CACHE)
             .stdout(Stdio::piped())
@@ -139,7 +169,15 @@ impl Served {
         // `server.json` is written before the first line.
         assert!(data.join("server.json").exists());
         // Keep reading so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let stdout = Arc::new(Mutex::new(format!("{first}\n")));
+        let keep = stdout.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let mut kept = keep.lock().unwrap_or_else(|e| e.into_inner());
+                kept.push_str(&line);
+                kept.push('\n');
+            }
+        });
         Served {
             child,
             dir: Some(dir),
@@ -147,7 +185,17 @@ impl Served {
             data,
             url,
             secrets: Vec::new(),
+            args,
+            stdout,
         }
+    }
+
+    /// The directory the configuration and the data directory are in.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir
+            .as_ref()
+            .expect("a running server has its directory")
+            .path()
     }
 
     /// The server's process id.
@@ -174,6 +222,8 @@ impl Served {
             config: self.config.clone(),
             data: self.data.clone(),
             secrets: std::mem::take(&mut self.secrets),
+            args: std::mem::take(&mut self.args),
+            stdout: self.stdout.clone(),
         }
     }
 
@@ -192,6 +242,8 @@ impl Served {
             config: self.config.clone(),
             data: self.data.clone(),
             secrets: std::mem::take(&mut self.secrets),
+            args: std::mem::take(&mut self.args),
+            stdout: self.stdout.clone(),
         }
     }
 
@@ -213,6 +265,7 @@ impl Served {
             .args(args)
             .env("POOLER_DATA_DIR", &self.data)
             .env_remove("POOLER_API_KEY")
+            .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
