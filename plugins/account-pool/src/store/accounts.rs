@@ -128,7 +128,7 @@ impl<'a, D: Db> Store<'a, D> {
         // Every listed account's windows in one query rather than one query per account.
         let mut windows = match provider {
             Some(p) => self.windows_where(
-                "WHERE account_id IN (SELECT id FROM accounts WHERE provider = ?1)",
+                "JOIN accounts a ON a.id = windows.account_id WHERE a.provider = ?1",
                 &[p.as_str().into()],
             )?,
             None => self.windows_where("", &[])?,

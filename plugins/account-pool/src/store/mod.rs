@@ -41,7 +41,9 @@ use pooler_plugin_kit::{Db, DbError, Value};
 /// 3: accounts have their options (last-resort, extra usage, in-flight limit, preserve),
 /// and `placements` and `in_flight` count conversations placed lately and requests in flight.
 /// 4: `tokens` sums the token usage of served answers; `quota_history` (the quota timeline).
-pub const SCHEMA_VERSION: i64 = 4;
+/// 5: `accounts_by_provider`, so a request reads its provider's accounts in selection order
+/// without sorting them.
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// How stale a pin's or an account's "last used" time may get before a request that uses
 /// it writes it again. Writing it on every request cost each pooled request two more
@@ -70,6 +72,7 @@ CREATE TABLE IF NOT EXISTS accounts (
     max_in_flight INTEGER NOT NULL DEFAULT 0,
     preserve REAL NOT NULL DEFAULT 1
 );
+CREATE INDEX IF NOT EXISTS accounts_by_provider ON accounts(provider, priority, seq);
 CREATE TABLE IF NOT EXISTS secrets (
     account_id TEXT PRIMARY KEY REFERENCES accounts(id) ON DELETE CASCADE,
     api_key TEXT,

@@ -177,21 +177,7 @@ fn served_transactions(p: &Pool, req: IncomingRequest) -> (u16, Vec<Vec<String>>
         db: &p.db,
         statements: RefCell::new(Vec::new()),
     };
-    p.env.gone.set(false);
-    let engine = Engine::new(&rec, &p.up, &p.env);
-    let engine = match engine.screen(&req.method, &req.path, &req.headers) {
-        Screen::Admitted(a) => engine.with_admitted(a),
-        _ => panic!("admitted"),
-    };
-    let resp = block_on(async {
-        collect_then(engine.handle(req).await, |relay| {
-            crate::engine::record_tokens(&rec, &p.env, relay)
-        })
-        .await
-    });
-    if let Some(lease) = &resp.lease {
-        end_flight(&rec, lease).unwrap();
-    }
+    let status = serve_on(p, &rec, req);
     let mut groups: Vec<Vec<String>> = Vec::new();
     let mut open = false;
     for s in rec.statements.into_inner() {
@@ -208,7 +194,59 @@ fn served_transactions(p: &Pool, req: IncomingRequest) -> (u16, Vec<Vec<String>>
             groups.push(vec![short]);
         }
     }
-    (resp.status, groups)
+    (status, groups)
+}
+
+/// Serve `req` as the component does (screen, handle, the answer streamed and its tokens
+/// recorded, the flight ended) on `db`; the answer's status.
+fn serve_on<D: Db>(p: &Pool, db: &D, req: IncomingRequest) -> u16 {
+    p.env.gone.set(false);
+    let engine = Engine::new(db, &p.up, &p.env);
+    let engine = match engine.screen(&req.method, &req.path, &req.headers) {
+        Screen::Admitted(a) => engine.with_admitted(a),
+        _ => panic!("admitted"),
+    };
+    let resp = block_on(async {
+        collect_then(engine.handle(req).await, |relay| {
+            crate::engine::record_tokens(db, &p.env, relay)
+        })
+        .await
+    });
+    if let Some(lease) = &resp.lease {
+        end_flight(db, lease).unwrap();
+    }
+    resp.status
+}
+
+/// A database that asks SQLite how it would run each query before running it.
+struct Planning<'a> {
+    db: &'a NativeDb,
+    /// Each query's first words and the steps of its plan.
+    plans: RefCell<Vec<(String, Vec<String>)>>,
+}
+
+impl Db for Planning<'_> {
+    fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        self.db.execute(sql, params)
+    }
+    fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
+        self.db.execute_batch(sql)
+    }
+    fn query(&self, sql: &str, params: &[Value]) -> Result<Rows, DbError> {
+        let plan = self
+            .db
+            .query(&format!("EXPLAIN QUERY PLAN {sql}"), params)?;
+        let steps = plan
+            .iter()
+            .map(|r| r.text("detail"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let short = sql.split_whitespace().take(6).collect::<Vec<_>>().join(" ");
+        self.plans.borrow_mut().push((short, steps));
+        self.db.query(sql, params)
+    }
+    fn last_insert_rowid(&self) -> i64 {
+        self.db.last_insert_rowid()
+    }
 }
 
 /// A streamed answer with Claude's quota headers and token usage, as the real API sends.
@@ -290,6 +328,37 @@ fn a_pinned_request_is_one_read_and_one_write_and_its_tokens() {
         assert_eq!(status, 200);
         assert_eq!(groups, PINNED_REQUEST, "served with {credential}");
         assert_eq!(p.up.seen(), [credential, credential]);
+    }
+}
+
+/// No query of a conversation's requests, its first (placed) or a pinned one, sorts its
+/// rows or builds a temporary table: each runs on an index. A temporary B-tree costs the
+/// request a b-tree opened and freed inside SQLite, on every request.
+#[test]
+fn a_requests_queries_sort_nothing_and_build_no_temporary_table() {
+    let keys = Pool::abc();
+    let subscription = Pool::new();
+    subscription.add_oauth(Provider::Claude, "o", "at-o", None);
+    for (p, credential) in [(&keys, "a"), (&subscription, "at-o")] {
+        let planning = Planning {
+            db: &p.db,
+            plans: RefCell::new(Vec::new()),
+        };
+        for _ in 0..2 {
+            p.up.push(credential, streamed_with_quota());
+            assert_eq!(serve_on(p, &planning, claude_code_req(p, "S", "S")), 200);
+            p.env.advance(TOUCH_GRANULARITY_MS);
+        }
+        let plans = planning.plans.into_inner();
+        assert!(plans.len() >= 10, "{plans:?}");
+        for (query, steps) in &plans {
+            assert!(
+                steps
+                    .iter()
+                    .all(|s| !s.contains("TEMP B-TREE") && !s.contains("LIST SUBQUERY")),
+                "{query}: {steps:?}"
+            );
+        }
     }
 }
 
