@@ -18,37 +18,7 @@ pub type RowId = u64;
 /// An outbox event id; increases with every event written.
 pub type EventId = u64;
 
-/// Declares an enum whose variants have one fixed text form, shared by SQL and JSON.
-macro_rules! wire_enum {
-    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        pub enum $name {
-            $($(#[$vmeta])* #[serde(rename = $text)] $variant,)+
-        }
-
-        impl $name {
-            /// Every case, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
-
-            /// The wire spelling (the WIT case name).
-            pub fn as_str(self) -> &'static str {
-                match self { $($name::$variant => $text,)+ }
-            }
-
-            /// Parses the wire spelling; `None` for anything else.
-            pub fn parse(text: &str) -> Option<Self> {
-                match text { $($text => Some($name::$variant),)+ _ => None }
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
+use pooler_plugin_kit::wire_enum;
 
 /// The AI provider of a thread: the one definition every crate uses (the plugins' kit's),
 /// with its wire spelling (`claude`, `codex`) in serde.

@@ -17,8 +17,16 @@
 //! `component::WitLog`, and the conversions between the WIT and the kit types, with the
 //! bindings of those interfaces for the plugin's own `generate!` to reuse.
 
+// The kit's own name, for the serde attributes its exported `wire_enum!` writes.
+extern crate self as pooler_plugin_kit;
+
 #[macro_use]
 mod wire_enum;
+
+/// Serde as the kit's `wire_enum!` reaches it (not an interface of the kit).
+#[cfg(feature = "serde")]
+#[doc(hidden)]
+pub use serde as __serde;
 
 pub mod admin;
 pub mod availability;
