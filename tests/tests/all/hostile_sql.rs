@@ -96,7 +96,7 @@ async fn hostile_sql_in_the_pool_is_bounded_or_refused_and_the_host_carries_on()
         .get_within(&format!("{url}/hostile-sql/huge"), SOON)
         .await
         .unwrap();
-    assert_eq!(huge.status, StatusCode::OK);
+    assert_eq!(huge.status, StatusCode::OK, "{}", huge.body);
     assert!(
         huge.body.contains(
             "huge refused Error::InvalidStatement(\"result too large: more than 67108864 bytes"
