@@ -12,6 +12,7 @@ pub mod harness;
 pub mod logs;
 pub mod pool;
 pub mod raw;
+pub mod served;
 pub mod threads;
 pub mod webdriver;
 
