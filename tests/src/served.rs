@@ -226,15 +226,7 @@ impl<B: Binary> Served<B> {
     pub fn kill(mut self) -> Stopped<B> {
         self.child.kill().expect("kill pooler serve");
         self.child.wait().expect("reap pooler serve");
-        Stopped {
-            dir: self.dir.take().expect("not killed before"),
-            config: self.config.clone(),
-            data: self.data.clone(),
-            secrets: std::mem::take(&mut self.secrets),
-            args: std::mem::take(&mut self.args),
-            stdout: self.stdout.clone(),
-            binary: PhantomData,
-        }
+        self.stopped()
     }
 
     /// SIGTERM: the server shuts down as it does for a person (it must exit 0); the
@@ -247,6 +239,11 @@ impl<B: Binary> Served<B> {
         assert!(killed.success());
         let status = self.child.wait().expect("reap pooler serve");
         assert_eq!(status.code(), Some(0), "pooler serve on SIGTERM");
+        self.stopped()
+    }
+
+    /// What is kept of a server whose process has ended.
+    fn stopped(&mut self) -> Stopped<B> {
         Stopped {
             dir: self.dir.take().expect("not killed before"),
             config: self.config.clone(),
